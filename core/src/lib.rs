@@ -1,0 +1,4 @@
+//! gendurable: a durable step engine on PostgreSQL.
+
+pub mod bulkhead;
+pub mod embedded;
