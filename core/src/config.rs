@@ -1,0 +1,272 @@
+//! Engine configuration and its validation.
+
+use crate::error::{Error, Result};
+use crate::validate;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// A concurrency gate: every key whose name (the part before the first `:`) is
+/// `name` may have at most `limit` steps executing at once, cluster-wide.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GateConfig {
+    /// Most steps of one key executing at once.
+    pub limit: u32,
+    /// Counter rows the limit is split over; clamped to `limit`.
+    pub shards: u32,
+}
+
+impl GateConfig {
+    /// A gate of `limit` with one counter row.
+    pub fn new(limit: u32) -> Self {
+        GateConfig { limit, shards: 1 }
+    }
+
+    /// Split the limit over `shards` counter rows (clamped to the limit).
+    pub fn shards(mut self, shards: u32) -> Self {
+        self.shards = shards;
+        self
+    }
+
+    /// The shard count actually used.
+    pub fn effective_shards(&self) -> u32 {
+        self.shards.min(self.limit).max(1)
+    }
+}
+
+/// A rate limit: steps carrying a rate-limit key whose name is configured start
+/// at a sustained `limit` per `period`, with at most `burst` back to back.
+/// In any window of one `period` at most `limit + burst - 1` steps start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RateConfig {
+    /// Starts per period, sustained.
+    pub limit: u32,
+    /// The period.
+    pub period: Duration,
+    /// How many may start back to back after an idle spell (default 1: evenly spaced).
+    pub burst: u32,
+}
+
+impl RateConfig {
+    /// `limit` starts per `period`, evenly spaced (burst 1).
+    pub fn new(limit: u32, period: Duration) -> Self {
+        RateConfig {
+            limit,
+            period,
+            burst: 1,
+        }
+    }
+
+    /// Allow `burst` starts back to back.
+    pub fn burst(mut self, burst: u32) -> Self {
+        self.burst = burst;
+        self
+    }
+
+    /// GCRA emission interval, in seconds.
+    pub(crate) fn interval_secs(&self) -> f64 {
+        self.period.as_secs_f64() / f64::from(self.limit)
+    }
+
+    /// GCRA tolerance, in seconds.
+    pub(crate) fn tolerance_secs(&self) -> f64 {
+        self.interval_secs() * f64::from(self.burst - 1)
+    }
+}
+
+/// Everything about a node's behaviour; built by [`crate::EngineBuilder`].
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    pub(crate) schema: String,
+    pub(crate) node_id: String,
+    pub(crate) queues: BTreeMap<String, u32>,
+    pub(crate) gates: BTreeMap<String, GateConfig>,
+    pub(crate) rates: BTreeMap<String, RateConfig>,
+    pub(crate) heartbeat_interval: Duration,
+    pub(crate) lease: Duration,
+    pub(crate) poll_interval: Duration,
+    pub(crate) gc_interval: Duration,
+    pub(crate) shutdown_timeout: Duration,
+    pub(crate) retention: Option<Duration>,
+    pub(crate) backoff_base: Duration,
+    pub(crate) backoff_max: Duration,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            schema: "gendurable".into(),
+            node_id: default_node_id(),
+            queues: BTreeMap::new(),
+            gates: BTreeMap::new(),
+            rates: BTreeMap::new(),
+            heartbeat_interval: Duration::from_secs(5),
+            lease: Duration::from_secs(20),
+            poll_interval: Duration::from_secs(1),
+            gc_interval: Duration::from_secs(10),
+            shutdown_timeout: Duration::from_secs(15),
+            retention: Some(Duration::from_secs(7 * 24 * 3600)),
+            backoff_base: Duration::from_secs(1),
+            backoff_max: Duration::from_secs(3600),
+        }
+    }
+}
+
+impl EngineConfig {
+    /// Check every setting; the first problem found is returned.
+    pub fn validate(&self) -> Result<()> {
+        validate::schema(&self.schema)?;
+        validate::name("node_id", &self.node_id).map_err(|e| Error::config(e.to_string()))?;
+        for (queue, &concurrency) in &self.queues {
+            validate::name("queue", queue).map_err(|e| Error::config(e.to_string()))?;
+            if concurrency < 1 {
+                return Err(Error::config(format!(
+                    "queue {queue:?}: concurrency must be at least 1, got {concurrency}"
+                )));
+            }
+        }
+        for (name, gate) in &self.gates {
+            config_name("concurrency_limits", name)?;
+            if gate.limit < 1 {
+                return Err(Error::config(format!(
+                    "concurrency_limits {name:?}: limit must be at least 1, got {}",
+                    gate.limit
+                )));
+            }
+            if gate.shards < 1 {
+                return Err(Error::config(format!(
+                    "concurrency_limits {name:?}: shards must be at least 1, got {}",
+                    gate.shards
+                )));
+            }
+        }
+        for (name, rate) in &self.rates {
+            config_name("rate_limits", name)?;
+            if rate.limit < 1 {
+                return Err(Error::config(format!(
+                    "rate_limits {name:?}: limit must be at least 1, got {}",
+                    rate.limit
+                )));
+            }
+            if rate.period.is_zero() {
+                return Err(Error::config(format!(
+                    "rate_limits {name:?}: period must be longer than zero"
+                )));
+            }
+            if rate.burst < 1 {
+                return Err(Error::config(format!(
+                    "rate_limits {name:?}: burst must be at least 1, got {}",
+                    rate.burst
+                )));
+            }
+        }
+        for (what, d) in [
+            ("heartbeat_interval", self.heartbeat_interval),
+            ("lease", self.lease),
+            ("poll_interval", self.poll_interval),
+            ("gc_interval", self.gc_interval),
+            ("backoff_base", self.backoff_base),
+        ] {
+            if d.is_zero() {
+                return Err(Error::config(format!("{what} must be longer than zero")));
+            }
+        }
+        if self.lease <= self.heartbeat_interval * 2 {
+            return Err(Error::config(format!(
+                "lease ({:?}) must be more than twice the heartbeat interval ({:?}), or live nodes would be reaped",
+                self.lease, self.heartbeat_interval
+            )));
+        }
+        Ok(())
+    }
+
+    /// The gate that captures `key`, if any: configured names capture every key
+    /// with that name before the first `:`.
+    pub fn gate_for(&self, key: &str) -> Option<(&str, &GateConfig)> {
+        self.gates
+            .get_key_value(validate::key_name(key))
+            .map(|(n, g)| (n.as_str(), g))
+    }
+
+    /// The effective K of a concurrency key on this node: the gate's limit, or 1.
+    pub fn effective_k(&self, key: &str) -> u32 {
+        self.gate_for(key).map_or(1, |(_, g)| g.limit)
+    }
+
+    /// The rate limit that captures a rate-limit key, if any.
+    pub fn rate_for(&self, key: &str) -> Option<(&str, &RateConfig)> {
+        self.rates
+            .get_key_value(validate::key_name(key))
+            .map(|(n, r)| (n.as_str(), r))
+    }
+}
+
+fn config_name(section: &str, name: &str) -> Result<()> {
+    if name.is_empty() || name.contains(':') || name.chars().any(char::is_control) {
+        return Err(Error::config(format!(
+            "{section}: {name:?} is not a key name (non-empty, no ':' and no control characters)"
+        )));
+    }
+    Ok(())
+}
+
+fn default_node_id() -> String {
+    let host = hostname();
+    format!("{host}-{}-{:08x}", std::process::id(), rand::random::<u32>())
+}
+
+/// This machine's host name, for node ids and `status`.
+pub(crate) fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: the buffer is valid for its length; gethostname NUL-terminates on success.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if rc != 0 {
+        return "localhost".into();
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rejects_bad_values() {
+        let mut c = EngineConfig::default();
+        c.queues.insert("default".into(), 0);
+        assert!(c.validate().unwrap_err().to_string().contains("at least 1"));
+
+        let mut c = EngineConfig::default();
+        c.gates.insert("stripe".into(), GateConfig::new(0));
+        assert!(c.validate().is_err());
+
+        let mut c = EngineConfig::default();
+        c.gates.insert("stripe".into(), GateConfig::new(5).shards(0));
+        assert!(c.validate().is_err());
+
+        let mut c = EngineConfig::default();
+        c.rates
+            .insert("openai".into(), RateConfig::new(10, Duration::ZERO));
+        assert!(c.validate().is_err());
+
+        let mut c = EngineConfig::default();
+        c.gates.insert("a:b".into(), GateConfig::new(2));
+        assert!(c.validate().is_err());
+
+        let c = EngineConfig {
+            schema: "Bad".into(),
+            ..Default::default()
+        };
+        assert!(c.validate().is_err());
+    }
+
+    #[test]
+    fn capture_and_shards() {
+        let mut c = EngineConfig::default();
+        c.gates.insert("order".into(), GateConfig::new(5).shards(9));
+        assert_eq!(c.effective_k("order:42"), 5);
+        assert_eq!(c.effective_k("order"), 5);
+        assert_eq!(c.effective_k("orders:1"), 1);
+        assert_eq!(c.gate_for("order:1").unwrap().1.effective_shards(), 5);
+    }
+}

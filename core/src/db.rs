@@ -1,0 +1,117 @@
+//! Schema migrations, statement texts and database error classification.
+
+use crate::error::Result;
+use sqlx::{Executor, PgPool};
+
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
+
+/// Every statement the engine runs, with the schema written in. Built once per
+/// engine; the texts are stable, so sqlx prepares each once per connection.
+#[derive(Debug)]
+pub(crate) struct Sql {
+    /// The LISTEN/NOTIFY channel of this schema.
+    pub channel: String,
+    pub insert: String,
+    pub pick: String,
+    pub outcome: String,
+    pub stage: String,
+    pub reap: String,
+    pub get: String,
+    pub signal: String,
+    pub cancel: String,
+    pub heartbeat: String,
+    pub forget_node: String,
+    pub prune: String,
+    pub reconcile: String,
+    pub prune_rates: String,
+    pub forget_dead_nodes: String,
+}
+
+impl Sql {
+    pub fn new(schema: &str) -> Sql {
+        // The schema is validated as [a-z0-9_]; quoting keeps it exact.
+        let q = |text: &str| text.replace("__S__", &format!("\"{schema}\""));
+        Sql {
+            channel: format!("{schema}_wake"),
+            insert: q(include_str!("sql/insert.sql")),
+            pick: q(include_str!("sql/pick.sql")),
+            outcome: q(include_str!("sql/outcome.sql")),
+            stage: q(include_str!("sql/stage.sql")),
+            reap: q(include_str!("sql/reap.sql")),
+            get: q(&format!("SELECT {INSTANCE_COLUMNS} FROM __S__.instances WHERE id = $1")),
+            signal: q(include_str!("sql/signal.sql")),
+            cancel: q(include_str!("sql/cancel.sql")),
+            heartbeat: q("INSERT INTO __S__.nodes (id, hostname, pid, queues) VALUES ($1, $2, $3, $4)
+                          ON CONFLICT (id) DO UPDATE SET heartbeat_at = now(), queues = excluded.queues"),
+            forget_node: q("DELETE FROM __S__.nodes WHERE id = $1"),
+            prune: q("DELETE FROM __S__.instances WHERE id IN (
+                          SELECT id FROM __S__.instances
+                          WHERE status IN ('completed', 'cancelled', 'discarded')
+                            AND finished_at < now() - make_interval(secs => $1)
+                          LIMIT $2)"),
+            reconcile: q("SELECT __S__.reconcile_gates()"),
+            prune_rates: q("DELETE FROM __S__.rate_state WHERE key IN (
+                                SELECT key FROM __S__.rate_state WHERE tat < now() - interval '1 minute'
+                                LIMIT 10000 FOR UPDATE SKIP LOCKED)"),
+            forget_dead_nodes: q("DELETE FROM __S__.nodes n
+                                  WHERE n.heartbeat_at < now() - make_interval(secs => $1)
+                                    AND NOT EXISTS (SELECT 1 FROM __S__.instances i
+                                                    WHERE i.status = 'executing' AND i.node = n.id)"),
+        }
+    }
+}
+
+/// The columns of [`crate::Instance`], in the order `instance_from_row` reads them.
+pub(crate) const INSTANCE_COLUMNS: &str = "id, workflow, step, state, queue, priority, status, \
+    concurrency_key, rate_key, attempt, max_attempts, node, cancel_requested, await_signal, \
+    await_until, errors, inserted_at, scheduled_at, attempted_at, finished_at";
+
+/// Create the schema and bring it up to date. Safe to run from many nodes at
+/// once: a session advisory lock serialises them, and every step is idempotent.
+pub(crate) async fn migrate(pool: &PgPool, schema: &str) -> Result<()> {
+    let mut conn = pool.acquire().await?;
+    let lock = format!("gendurable.migrate.{schema}");
+    conn.execute(sqlx::query("SELECT pg_advisory_lock(hashtext($1))").bind(&lock))
+        .await?;
+    let result = async {
+        conn.execute(format!("CREATE SCHEMA IF NOT EXISTS \"{schema}\"").as_str())
+            .await?;
+        // The migrations name their tables without a schema: they land in ours,
+        // and so does the migrations' own bookkeeping table.
+        conn.execute(format!("SET search_path TO \"{schema}\"").as_str())
+            .await?;
+        MIGRATOR.run(&mut *conn).await?;
+        Ok::<_, crate::Error>(())
+    }
+    .await;
+    // Leave the pooled connection as we found it, even after a failure.
+    let reset = conn.execute("RESET search_path").await;
+    let unlock = conn
+        .execute(sqlx::query("SELECT pg_advisory_unlock(hashtext($1))").bind(&lock))
+        .await;
+    if reset.is_err() || unlock.is_err() {
+        conn.close_on_drop();
+    }
+    result
+}
+
+/// Whether a database error is worth retrying: a broken or refused connection,
+/// a server shutting down or starting, a deadlock or serialization failure.
+pub(crate) fn is_transient(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::Protocol(_)
+        | sqlx::Error::WorkerCrashed
+        | sqlx::Error::Tls(_) => true,
+        sqlx::Error::Database(db) => db.code().is_some_and(|code| {
+            code.starts_with("08")
+                || code.starts_with("57P")
+                || code == "40001"
+                || code == "40P01"
+                || code == "53300"
+        }),
+        _ => false,
+    }
+}

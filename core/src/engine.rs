@@ -1,0 +1,487 @@
+//! The engine: configuration, the client calls (insert, signal, cancel, get)
+//! and starting or stopping this process's worker node.
+
+use crate::config::{EngineConfig, GateConfig, RateConfig};
+use crate::db::{self, Sql};
+use crate::error::{Error, Result};
+use crate::instance::{Instance, NewInstance, Schedule, Status};
+use crate::node::Node;
+use crate::outcome::check_rate_key;
+use crate::stats::Stats;
+use crate::validate;
+use crate::workflow::{FnWorkflow, StepContext, StepResult, Workflow};
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use sqlx::postgres::{PgPoolOptions, PgRow};
+use sqlx::{PgPool, Postgres, Row};
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Mutex;
+
+/// A handle on the engine: cheap to clone, usable from many tasks.
+#[derive(Clone)]
+pub struct Engine {
+    pub(crate) inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub pool: PgPool,
+    pub cfg: EngineConfig,
+    pub sql: Sql,
+    pub workflows: HashMap<String, Arc<dyn Workflow>>,
+    pub stats: Stats,
+    node: Mutex<Option<Node>>,
+}
+
+enum Connect {
+    Url(String),
+    Pool(PgPool),
+}
+
+/// Builds an [`Engine`]: `Engine::builder().url(..).queue("default", 10).workflow(..).build()`.
+pub struct EngineBuilder {
+    connect: Option<Connect>,
+    cfg: EngineConfig,
+    workflows: HashMap<String, Arc<dyn Workflow>>,
+    duplicate: Option<String>,
+    migrate: bool,
+    max_connections: Option<u32>,
+}
+
+impl Engine {
+    /// Start configuring an engine.
+    pub fn builder() -> EngineBuilder {
+        EngineBuilder {
+            connect: None,
+            cfg: EngineConfig::default(),
+            workflows: HashMap::new(),
+            duplicate: None,
+            migrate: true,
+            max_connections: None,
+        }
+    }
+}
+
+impl EngineBuilder {
+    /// Connect to this database URL.
+    pub fn url(mut self, url: impl Into<String>) -> Self {
+        self.connect = Some(Connect::Url(url.into()));
+        self
+    }
+
+    /// Use an existing pool.
+    pub fn pool(mut self, pool: PgPool) -> Self {
+        self.connect = Some(Connect::Pool(pool));
+        self
+    }
+
+    /// Connections of the pool the engine opens from a URL (default: 2 per
+    /// queue slot, at least 10).
+    pub fn max_connections(mut self, n: u32) -> Self {
+        self.max_connections = Some(n);
+        self
+    }
+
+    /// The schema holding the engine's tables (default `gendurable`).
+    pub fn schema(mut self, schema: impl Into<String>) -> Self {
+        self.cfg.schema = schema.into();
+        self
+    }
+
+    /// This node's id (default: host, pid and a random suffix).
+    pub fn node_id(mut self, id: impl Into<String>) -> Self {
+        self.cfg.node_id = id.into();
+        self
+    }
+
+    /// Run steps of `queue`, at most `concurrency` at once on this node.
+    pub fn queue(mut self, queue: impl Into<String>, concurrency: u32) -> Self {
+        self.cfg.queues.insert(queue.into(), concurrency);
+        self
+    }
+
+    /// Register a workflow under `name`.
+    pub fn workflow(mut self, name: impl Into<String>, workflow: impl Workflow) -> Self {
+        let name = name.into();
+        if self
+            .workflows
+            .insert(name.clone(), Arc::new(workflow))
+            .is_some()
+        {
+            self.duplicate = Some(name);
+        }
+        self
+    }
+
+    /// Register a workflow written as a closure `|step, state, ctx| async move { .. }`.
+    pub fn workflow_fn<F, Fut>(self, name: impl Into<String>, f: F) -> Self
+    where
+        F: Fn(String, Value, StepContext) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = StepResult> + Send + 'static,
+    {
+        self.workflow(name, FnWorkflow::new(f))
+    }
+
+    /// Gate every key named `name` (`name:*`) to `limit` executing at once.
+    pub fn concurrency_limit(mut self, name: impl Into<String>, gate: GateConfig) -> Self {
+        let name = name.into();
+        if self.cfg.gates.insert(name.clone(), gate).is_some() {
+            self.duplicate = Some(format!("concurrency_limits {name}"));
+        }
+        self
+    }
+
+    /// Rate-limit steps carrying a rate-limit key named `name`.
+    pub fn rate_limit(mut self, name: impl Into<String>, rate: RateConfig) -> Self {
+        let name = name.into();
+        if self.cfg.rates.insert(name.clone(), rate).is_some() {
+            self.duplicate = Some(format!("rate_limits {name}"));
+        }
+        self
+    }
+
+    /// How often this node proves it is alive (default 5 s).
+    pub fn heartbeat_interval(mut self, d: Duration) -> Self {
+        self.cfg.heartbeat_interval = d;
+        self
+    }
+
+    /// How stale a heartbeat may be before the node's executing rows are
+    /// rescued (default 20 s; rescue happens within lease + heartbeat interval).
+    pub fn lease(mut self, d: Duration) -> Self {
+        self.cfg.lease = d;
+        self
+    }
+
+    /// Fallback polling interval, also the stager's cadence (default 1 s).
+    pub fn poll_interval(mut self, d: Duration) -> Self {
+        self.cfg.poll_interval = d;
+        self
+    }
+
+    /// How often gate counters are reconciled (default 10 s).
+    pub fn gc_interval(mut self, d: Duration) -> Self {
+        self.cfg.gc_interval = d;
+        self
+    }
+
+    /// How long shutdown waits for running steps (default 15 s).
+    pub fn shutdown_timeout(mut self, d: Duration) -> Self {
+        self.cfg.shutdown_timeout = d;
+        self
+    }
+
+    /// Delete finished instances older than this (default 7 days; `None` keeps them).
+    pub fn retention(mut self, d: Option<Duration>) -> Self {
+        self.cfg.retention = d;
+        self
+    }
+
+    /// Retry backoff: `base × 2^(attempt−1)` up to `max`, with jitter (default 1 s, 1 h).
+    pub fn backoff(mut self, base: Duration, max: Duration) -> Self {
+        self.cfg.backoff_base = base;
+        self.cfg.backoff_max = max;
+        self
+    }
+
+    /// Run the migrations when building (default true).
+    pub fn migrate(mut self, yes: bool) -> Self {
+        self.migrate = yes;
+        self
+    }
+
+    /// Validate, connect and migrate. The node starts with [`Engine::start`].
+    pub async fn build(self) -> Result<Engine> {
+        if let Some(d) = self.duplicate {
+            return Err(Error::config(format!("{d} is configured twice")));
+        }
+        self.cfg.validate()?;
+        for name in self.workflows.keys() {
+            validate::name("workflow", name).map_err(|e| Error::config(e.to_string()))?;
+        }
+        let pool = match self.connect {
+            Some(Connect::Pool(pool)) => pool,
+            Some(Connect::Url(url)) => {
+                let slots: u32 = self.cfg.queues.values().sum();
+                PgPoolOptions::new()
+                    .max_connections(self.max_connections.unwrap_or((slots * 2).max(10)))
+                    .acquire_timeout(Duration::from_secs(10))
+                    .connect_lazy(&url)
+                    .map_err(|e| Error::config(format!("database url: {e}")))?
+            }
+            None => {
+                return Err(Error::config(
+                    "no database: give the builder a url or a pool",
+                ))
+            }
+        };
+        if self.migrate {
+            db::migrate(&pool, &self.cfg.schema).await?;
+        }
+        Ok(Engine {
+            inner: Arc::new(Inner {
+                sql: Sql::new(&self.cfg.schema),
+                pool,
+                cfg: self.cfg,
+                workflows: self.workflows,
+                stats: Stats::default(),
+                node: Mutex::new(None),
+            }),
+        })
+    }
+
+    /// Build and start the node in one call.
+    pub async fn start(self) -> Result<Engine> {
+        let engine = self.build().await?;
+        engine.start().await?;
+        Ok(engine)
+    }
+}
+
+impl Engine {
+    /// The pool the engine uses.
+    pub fn pool(&self) -> &PgPool {
+        &self.inner.pool
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &EngineConfig {
+        &self.inner.cfg
+    }
+
+    /// This node's id.
+    pub fn node_id(&self) -> &str {
+        &self.inner.cfg.node_id
+    }
+
+    /// Counters of what this engine did (picks, claims, outcomes, ...).
+    pub fn stats(&self) -> &Stats {
+        &self.inner.stats
+    }
+
+    /// Run the migrations (also done by `build` unless disabled).
+    pub async fn migrate(&self) -> Result<()> {
+        db::migrate(&self.inner.pool, &self.inner.cfg.schema).await
+    }
+
+    /// Start this process's worker node: heartbeat, pickers for every queue,
+    /// the reaper, the stager and the gate reconciler. Idempotent.
+    pub async fn start(&self) -> Result<()> {
+        let mut node = self.inner.node.lock().await;
+        if node.is_none() {
+            *node = Some(Node::start(self.inner.clone()).await?);
+        }
+        Ok(())
+    }
+
+    /// Stop picking, let running steps finish within the shutdown timeout
+    /// (steps still running then are aborted and recorded as errors), write
+    /// every outcome and hand back rows that never started.
+    pub async fn shutdown(&self) -> Result<()> {
+        let node = self.inner.node.lock().await.take();
+        match node {
+            Some(node) => node.stop(&self.inner).await,
+            None => Ok(()),
+        }
+    }
+
+    /// Insert one instance; returns its id.
+    pub async fn insert(&self, new: NewInstance) -> Result<i64> {
+        let ids = self.insert_many(vec![new]).await?;
+        Ok(ids[0])
+    }
+
+    /// Insert many instances in one round trip; returns their ids in order.
+    /// Either all are inserted or none.
+    pub async fn insert_many(&self, news: Vec<NewInstance>) -> Result<Vec<i64>> {
+        self.insert_many_in(&self.inner.pool, news).await
+    }
+
+    /// Insert inside the caller's own transaction or connection:
+    /// `engine.insert_many_in(&mut *tx, news)`. The instances become visible,
+    /// and wake the pickers, when that transaction commits.
+    pub async fn insert_many_in<'c, E>(&self, executor: E, news: Vec<NewInstance>) -> Result<Vec<i64>>
+    where
+        E: sqlx::Executor<'c, Database = Postgres>,
+    {
+        if news.is_empty() {
+            return Ok(Vec::new());
+        }
+        let n = news.len();
+        let mut workflow = Vec::with_capacity(n);
+        let mut step = Vec::with_capacity(n);
+        let mut state = Vec::with_capacity(n);
+        let mut queue = Vec::with_capacity(n);
+        let mut priority = Vec::with_capacity(n);
+        let mut ckey = Vec::with_capacity(n);
+        let mut rkey = Vec::with_capacity(n);
+        let mut max_attempts = Vec::with_capacity(n);
+        let mut delay: Vec<Option<f64>> = Vec::with_capacity(n);
+        let mut at: Vec<Option<DateTime<Utc>>> = Vec::with_capacity(n);
+        for (i, new) in news.into_iter().enumerate() {
+            new.validate().map_err(|e| at_index(e, i, n))?;
+            let declared = match &new.rate_limit {
+                Some(r) => Some(r.clone()),
+                None => self
+                    .inner
+                    .workflows
+                    .get(&new.workflow)
+                    .and_then(|w| w.rate_limit(&new.step, &new.state)),
+            };
+            if let Some(r) = &declared {
+                check_rate_key(&self.inner.cfg, r).map_err(|e| at_index(e, i, n))?;
+            }
+            match new.schedule {
+                Schedule::Now => {
+                    delay.push(None);
+                    at.push(None);
+                }
+                Schedule::In(d) => {
+                    delay.push(Some(d.as_secs_f64()));
+                    at.push(None);
+                }
+                Schedule::At(t) => {
+                    delay.push(None);
+                    at.push(Some(t));
+                }
+            }
+            workflow.push(new.workflow);
+            step.push(new.step);
+            state.push(new.state);
+            queue.push(new.queue);
+            priority.push(new.priority);
+            ckey.push(new.concurrency_key);
+            rkey.push(declared);
+            max_attempts.push(new.max_attempts);
+        }
+        let rows = sqlx::query(&self.inner.sql.insert)
+            .bind(workflow)
+            .bind(step)
+            .bind(state)
+            .bind(queue)
+            .bind(priority)
+            .bind(ckey)
+            .bind(rkey)
+            .bind(max_attempts)
+            .bind(delay)
+            .bind(at)
+            .bind(&self.inner.sql.channel)
+            .fetch_all(executor)
+            .await?;
+        rows.iter().map(|r| Ok(r.try_get::<i64, _>(0)?)).collect()
+    }
+
+    /// Read an instance back.
+    pub async fn get(&self, id: i64) -> Result<Instance> {
+        let row = sqlx::query(&self.inner.sql.get)
+            .bind(id)
+            .fetch_optional(&self.inner.pool)
+            .await?;
+        match row {
+            Some(row) => instance_from_row(&row),
+            None => Err(Error::NotFound(id)),
+        }
+    }
+
+    /// Wake every instance awaiting signal `name`; the woken steps see
+    /// `payload`. Returns how many were woken. A signal sent while nothing
+    /// awaits it is not kept.
+    pub async fn signal(&self, name: &str, payload: Value) -> Result<u64> {
+        self.send_signal(name, payload, None).await
+    }
+
+    /// Wake one awaiting instance by id, whatever it awaits. Returns whether it
+    /// was awaiting.
+    pub async fn signal_instance(&self, id: i64, name: &str, payload: Value) -> Result<bool> {
+        Ok(self.send_signal(name, payload, Some(id)).await? == 1)
+    }
+
+    async fn send_signal(&self, name: &str, payload: Value, id: Option<i64>) -> Result<u64> {
+        validate::name("signal", name)?;
+        validate::payload("payload", &payload)?;
+        let row = sqlx::query(&self.inner.sql.signal)
+            .bind(name)
+            .bind(payload)
+            .bind(id)
+            .bind(&self.inner.sql.channel)
+            .fetch_one(&self.inner.pool)
+            .await?;
+        Ok(row.try_get::<i64, _>(0)? as u64)
+    }
+
+    /// Cancel an instance. One that is not executing is cancelled at once;
+    /// an executing one when its step's outcome is written.
+    pub async fn cancel(&self, id: i64) -> Result<Cancelled> {
+        self.cancel_with_reason(id, "cancelled").await
+    }
+
+    /// [`Engine::cancel`] with a reason recorded in the instance's errors.
+    pub async fn cancel_with_reason(&self, id: i64, reason: &str) -> Result<Cancelled> {
+        let row = sqlx::query(&self.inner.sql.cancel)
+            .bind(id)
+            .bind(reason)
+            .fetch_optional(&self.inner.pool)
+            .await?;
+        let Some(row) = row else {
+            return Err(Error::NotFound(id));
+        };
+        let status = Status::parse(row.try_get::<&str, _>(0)?);
+        Ok(match status {
+            Status::Executing => Cancelled::AtOutcome,
+            s if s.is_final() => Cancelled::AlreadyFinished(s),
+            _ => Cancelled::Now,
+        })
+    }
+}
+
+/// What [`Engine::cancel`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cancelled {
+    /// It was not executing and is now cancelled.
+    Now,
+    /// It is executing; its outcome will record it as cancelled.
+    AtOutcome,
+    /// It had already finished, with this status; nothing changed.
+    AlreadyFinished(Status),
+}
+
+fn at_index(e: Error, i: usize, n: usize) -> Error {
+    match e {
+        Error::InvalidInput { field, reason } if n > 1 => Error::InvalidInput {
+            field,
+            reason: format!("{reason} (instance {i} of {n}; nothing was inserted)"),
+        },
+        e => e,
+    }
+}
+
+pub(crate) fn instance_from_row(r: &PgRow) -> Result<Instance> {
+    let errors: Value = r.try_get("errors")?;
+    Ok(Instance {
+        id: r.try_get("id")?,
+        workflow: r.try_get("workflow")?,
+        step: r.try_get("step")?,
+        state: r.try_get("state")?,
+        queue: r.try_get("queue")?,
+        priority: r.try_get("priority")?,
+        status: Status::parse(r.try_get::<&str, _>("status")?),
+        concurrency_key: r.try_get("concurrency_key")?,
+        rate_limit: r.try_get("rate_key")?,
+        attempt: r.try_get("attempt")?,
+        max_attempts: r.try_get("max_attempts")?,
+        node: r.try_get("node")?,
+        cancel_requested: r.try_get("cancel_requested")?,
+        await_signal: r.try_get("await_signal")?,
+        await_until: r.try_get("await_until")?,
+        errors: match errors {
+            Value::Array(a) => a,
+            _ => Vec::new(),
+        },
+        inserted_at: r.try_get("inserted_at")?,
+        scheduled_at: r.try_get("scheduled_at")?,
+        attempted_at: r.try_get("attempted_at")?,
+        finished_at: r.try_get("finished_at")?,
+    })
+}

@@ -1,0 +1,61 @@
+//! The one error type of the public API.
+
+
+/// Everything that can go wrong in a call to the engine.
+///
+/// Input errors ([`Error::InvalidInput`], [`Error::InvalidConfig`]) are raised
+/// before anything is written, so a rejected call changes nothing.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A value passed to the engine is not acceptable (a name, a state, a key, ...).
+    #[error("invalid {field}: {reason}")]
+    InvalidInput {
+        /// Which argument, e.g. `"state"`, `"workflow"`, `"concurrency_key"`.
+        field: &'static str,
+        /// Why, in a sentence.
+        reason: String,
+    },
+    /// The engine's configuration is not acceptable.
+    #[error("invalid configuration: {0}")]
+    InvalidConfig(String),
+    /// No instance has this id.
+    #[error("no instance with id {0}")]
+    NotFound(i64),
+    /// The engine has been shut down.
+    #[error("the engine is shut down")]
+    ShutDown,
+    /// The database refused or failed a statement, or the connection broke.
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    /// Running the schema migrations failed.
+    #[error("migration failed: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    /// The throwaway Postgres could not be started.
+    #[error(transparent)]
+    Embedded(#[from] crate::embedded::EmbeddedError),
+}
+
+impl Error {
+    pub(crate) fn input(field: &'static str, reason: impl Into<String>) -> Self {
+        Error::InvalidInput {
+            field,
+            reason: reason.into(),
+        }
+    }
+
+    pub(crate) fn config(reason: impl Into<String>) -> Self {
+        Error::InvalidConfig(reason.into())
+    }
+
+    /// Whether retrying later may succeed (a broken connection, a restarting server).
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Error::Database(e) => crate::db::is_transient(e),
+            _ => false,
+        }
+    }
+}
+
+/// Shorthand for results of this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,221 @@
+//! Instances: what is inserted and what is read back.
+
+use crate::error::{Error, Result};
+use crate::transition::ConcurrencyKey;
+use crate::validate;
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use std::time::Duration;
+
+/// Where an instance is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Status {
+    /// Waiting for its scheduled time (a delay, a retry backoff, a snooze).
+    Scheduled,
+    /// Runnable now.
+    Available,
+    /// Claimed by a node.
+    Executing,
+    /// Parked on a signal or a timeout; holds no slot.
+    Awaiting,
+    /// Finished with `done`.
+    Completed,
+    /// Stopped by `cancel`.
+    Cancelled,
+    /// Gave up after `max_attempts` errors.
+    Discarded,
+}
+
+impl Status {
+    /// The status as stored.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Scheduled => "scheduled",
+            Status::Available => "available",
+            Status::Executing => "executing",
+            Status::Awaiting => "awaiting",
+            Status::Completed => "completed",
+            Status::Cancelled => "cancelled",
+            Status::Discarded => "discarded",
+        }
+    }
+
+    /// Whether the instance is finished for good.
+    pub fn is_final(self) -> bool {
+        matches!(self, Status::Completed | Status::Cancelled | Status::Discarded)
+    }
+
+    pub(crate) fn parse(s: &str) -> Status {
+        match s {
+            "scheduled" => Status::Scheduled,
+            "available" => Status::Available,
+            "executing" => Status::Executing,
+            "awaiting" => Status::Awaiting,
+            "completed" => Status::Completed,
+            "cancelled" => Status::Cancelled,
+            _ => Status::Discarded,
+        }
+    }
+}
+
+impl std::fmt::Display for Status {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// An instance as stored, read back with [`crate::Engine::get`].
+#[derive(Debug, Clone)]
+pub struct Instance {
+    pub id: i64,
+    pub workflow: String,
+    pub step: String,
+    pub state: Value,
+    pub queue: String,
+    pub priority: i16,
+    pub status: Status,
+    pub concurrency_key: Option<String>,
+    pub rate_limit: Option<String>,
+    /// Attempts of the current step so far.
+    pub attempt: i32,
+    pub max_attempts: i32,
+    /// The node executing it, while executing.
+    pub node: Option<String>,
+    pub cancel_requested: bool,
+    pub await_signal: Option<String>,
+    pub await_until: Option<DateTime<Utc>>,
+    /// Every error, rescue and cancellation recorded, oldest first.
+    pub errors: Vec<Value>,
+    pub inserted_at: DateTime<Utc>,
+    pub scheduled_at: DateTime<Utc>,
+    pub attempted_at: Option<DateTime<Utc>>,
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
+/// A new instance, built fluently and passed to [`crate::Engine::insert`].
+///
+/// ```
+/// use gendurable::NewInstance;
+/// use serde_json::json;
+/// let new = NewInstance::new("Account.Sync", json!({"id": 7}))
+///     .concurrency_key(("account", 7))
+///     .queue("sync")
+///     .priority(1);
+/// ```
+#[derive(Debug, Clone)]
+pub struct NewInstance {
+    pub(crate) workflow: String,
+    pub(crate) state: Value,
+    pub(crate) step: String,
+    pub(crate) queue: String,
+    pub(crate) priority: i16,
+    pub(crate) concurrency_key: Option<String>,
+    pub(crate) rate_limit: Option<String>,
+    pub(crate) schedule: Schedule,
+    pub(crate) max_attempts: i32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Schedule {
+    Now,
+    In(Duration),
+    At(DateTime<Utc>),
+}
+
+/// Default step of a new instance.
+pub const DEFAULT_STEP: &str = "start";
+/// Default queue.
+pub const DEFAULT_QUEUE: &str = "default";
+/// Default attempts per step.
+pub const DEFAULT_MAX_ATTEMPTS: i32 = 20;
+
+impl NewInstance {
+    /// An instance of `workflow` starting at step `"start"` with `state` (a JSON object).
+    pub fn new(workflow: impl Into<String>, state: Value) -> Self {
+        NewInstance {
+            workflow: workflow.into(),
+            state,
+            step: DEFAULT_STEP.into(),
+            queue: DEFAULT_QUEUE.into(),
+            priority: 0,
+            concurrency_key: None,
+            rate_limit: None,
+            schedule: Schedule::Now,
+            max_attempts: DEFAULT_MAX_ATTEMPTS,
+        }
+    }
+
+    /// The first step (default `"start"`).
+    pub fn step(mut self, step: impl Into<String>) -> Self {
+        self.step = step.into();
+        self
+    }
+
+    /// The queue (default `"default"`).
+    pub fn queue(mut self, queue: impl Into<String>) -> Self {
+        self.queue = queue.into();
+        self
+    }
+
+    /// 0 (first) to 9 (last); default 0.
+    pub fn priority(mut self, priority: i16) -> Self {
+        self.priority = priority;
+        self
+    }
+
+    /// A concurrency key: `"account:7"` or `("account", 7)`.
+    pub fn concurrency_key(mut self, key: impl Into<ConcurrencyKey>) -> Self {
+        self.concurrency_key = Some(key.into().0);
+        self
+    }
+
+    /// A rate-limit key for the first step, e.g. `"openai:tenant7"`.
+    pub fn rate_limit(mut self, key: impl Into<String>) -> Self {
+        self.rate_limit = Some(key.into());
+        self
+    }
+
+    /// Run no sooner than `delay` from now (the database's clock).
+    pub fn schedule_in(mut self, delay: Duration) -> Self {
+        self.schedule = Schedule::In(delay);
+        self
+    }
+
+    /// Run no sooner than `at`.
+    pub fn scheduled_at(mut self, at: DateTime<Utc>) -> Self {
+        self.schedule = Schedule::At(at);
+        self
+    }
+
+    /// Attempts per step before the instance is discarded (default 20).
+    pub fn max_attempts(mut self, max_attempts: i32) -> Self {
+        self.max_attempts = max_attempts;
+        self
+    }
+
+    pub(crate) fn validate(&self) -> Result<()> {
+        validate::name("workflow", &self.workflow)?;
+        validate::name("step", &self.step)?;
+        validate::name("queue", &self.queue)?;
+        validate::state("state", &self.state)?;
+        if !(0..=9).contains(&self.priority) {
+            return Err(Error::input(
+                "priority",
+                format!("must be 0 to 9, got {}", self.priority),
+            ));
+        }
+        if self.max_attempts < 1 {
+            return Err(Error::input(
+                "max_attempts",
+                format!("must be at least 1, got {}", self.max_attempts),
+            ));
+        }
+        if let Some(k) = &self.concurrency_key {
+            validate::key("concurrency_key", k)?;
+        }
+        if let Some(k) = &self.rate_limit {
+            validate::key("rate_limit", k)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,608 @@
+//! A running worker node: pickers per queue, step tasks, the outcome writer,
+//! the LISTEN task and the maintenance loop (heartbeat, stager, reaper, gate
+//! reconciler, pruning).
+
+use crate::engine::Inner;
+use crate::error::Result;
+use crate::outcome::{Claimed, OutcomeRow};
+use crate::stats::Stats;
+use crate::transition::{Transition, Wake};
+use crate::workflow::StepContext;
+use sqlx::postgres::PgListener;
+use sqlx::Row;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::task::{AbortHandle, JoinHandle};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// Largest number of outcomes written by one statement.
+const MAX_OUTCOME_BATCH: usize = 2000;
+/// Rows the stager moves per statement.
+const STAGE_BATCH: i64 = 10_000;
+/// Finished rows pruned per statement.
+const PRUNE_BATCH: i64 = 10_000;
+
+pub(crate) struct Node {
+    shared: Arc<Shared>,
+    pickers: Vec<JoinHandle<()>>,
+    background: Vec<JoinHandle<()>>,
+    writer: JoinHandle<()>,
+    writer_stop: CancellationToken,
+}
+
+struct Shared {
+    inner: Arc<Inner>,
+    shutdown: CancellationToken,
+    wakes: HashMap<String, Arc<Notify>>,
+    slots: HashMap<String, Arc<Semaphore>>,
+    outcomes: mpsc::UnboundedSender<OutcomeRow>,
+    steps: TaskTracker,
+    running: StdMutex<HashMap<i64, AbortHandle>>,
+    pick: PickParams,
+}
+
+/// The pick's configuration parameters, built once.
+struct PickParams {
+    workflows: Vec<String>,
+    gate_names: Vec<String>,
+    gate_limits: Vec<i32>,
+    gate_shards: Vec<i32>,
+    rate_names: Vec<String>,
+    rate_intervals: Vec<f64>,
+    rate_tolerances: Vec<f64>,
+}
+
+impl Node {
+    pub async fn start(inner: Arc<Inner>) -> Result<Node> {
+        let cfg = &inner.cfg;
+        heartbeat(&inner).await?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        let pick = PickParams {
+            workflows: inner.workflows.keys().cloned().collect(),
+            gate_names: cfg.gates.keys().cloned().collect(),
+            gate_limits: cfg.gates.values().map(|g| g.limit as i32).collect(),
+            gate_shards: cfg
+                .gates
+                .values()
+                .map(|g| g.effective_shards() as i32)
+                .collect(),
+            rate_names: cfg.rates.keys().cloned().collect(),
+            rate_intervals: cfg.rates.values().map(|r| r.interval_secs()).collect(),
+            rate_tolerances: cfg.rates.values().map(|r| r.tolerance_secs()).collect(),
+        };
+        let shared = Arc::new(Shared {
+            shutdown: CancellationToken::new(),
+            wakes: cfg
+                .queues
+                .keys()
+                .map(|q| (q.clone(), Arc::new(Notify::new())))
+                .collect(),
+            slots: cfg
+                .queues
+                .iter()
+                .map(|(q, &n)| (q.clone(), Arc::new(Semaphore::new(n as usize))))
+                .collect(),
+            outcomes: tx,
+            steps: TaskTracker::new(),
+            running: StdMutex::new(HashMap::new()),
+            pick,
+            inner: inner.clone(),
+        });
+        let writer_stop = CancellationToken::new();
+        let writer = tokio::spawn(write_outcomes(shared.clone(), rx, writer_stop.clone()));
+        let pickers = cfg
+            .queues
+            .keys()
+            .map(|q| tokio::spawn(picker(shared.clone(), q.clone())))
+            .collect();
+        let background = vec![
+            tokio::spawn(listen(shared.clone())),
+            tokio::spawn(maintain(shared.clone())),
+        ];
+        Ok(Node {
+            shared,
+            pickers,
+            background,
+            writer,
+            writer_stop,
+        })
+    }
+
+    pub async fn stop(self, inner: &Inner) -> Result<()> {
+        let sh = &self.shared;
+        sh.shutdown.cancel();
+        for p in self.pickers {
+            let _ = p.await;
+        }
+        sh.steps.close();
+        let timeout = inner.cfg.shutdown_timeout;
+        if tokio::time::timeout(timeout, sh.steps.wait()).await.is_err() {
+            let running: Vec<AbortHandle> = lock(&sh.running).drain().map(|(_, h)| h).collect();
+            tracing::warn!(
+                steps = running.len(),
+                "shutdown timeout: aborting steps still running; they are recorded as errors"
+            );
+            for h in running {
+                h.abort();
+            }
+            sh.steps.wait().await;
+        }
+        self.writer_stop.cancel();
+        let _ = self.writer.await;
+        for b in self.background {
+            b.abort();
+            let _ = b.await;
+        }
+        // Without our node row, anything left executing here is rescued at once.
+        sqlx::query(&inner.sql.forget_node)
+            .bind(&inner.cfg.node_id)
+            .execute(&inner.pool)
+            .await?;
+        Ok(())
+    }
+}
+
+fn lock<T>(m: &StdMutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl Shared {
+    fn wake_all(&self) {
+        for w in self.wakes.values() {
+            w.notify_one();
+        }
+    }
+}
+
+async fn picker(sh: Arc<Shared>, queue: String) {
+    let slots = sh.slots[&queue].clone();
+    let wake = sh.wakes[&queue].clone();
+    let mut retry = Backoff::new();
+    loop {
+        // Claim while there is room and the queue has work.
+        loop {
+            if sh.shutdown.is_cancelled() {
+                return;
+            }
+            let free = slots.available_permits();
+            if free == 0 {
+                break;
+            }
+            let Ok(mut permits) = slots.clone().try_acquire_many_owned(free as u32) else {
+                break;
+            };
+            match pick(&sh, &queue, free).await {
+                Ok(rows) => {
+                    retry.reset();
+                    let got = rows.len();
+                    if sh.shutdown.is_cancelled() {
+                        hand_back(&sh, rows);
+                        return;
+                    }
+                    for row in rows {
+                        let permit = permits.split(1).expect("one permit per claimed row");
+                        spawn_step(&sh, row, permit, wake.clone());
+                    }
+                    if got < free {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    drop(permits);
+                    tracing::warn!(queue, error = %e, "pick failed; retrying");
+                    tokio::select! {
+                        _ = tokio::time::sleep(retry.next()) => {}
+                        _ = sh.shutdown.cancelled() => return,
+                    }
+                    break;
+                }
+            }
+        }
+        tokio::select! {
+            _ = wake.notified() => {}
+            _ = tokio::time::sleep(sh.inner.cfg.poll_interval) => {}
+            _ = sh.shutdown.cancelled() => return,
+        }
+    }
+}
+
+/// One pick statement; a lost K = 1 race (the unique index refusing a second
+/// executing row) is retried at once, as the loser now sees the winner's claim.
+async fn pick(sh: &Shared, queue: &str, demand: usize) -> Result<Vec<Claimed>> {
+    let inner = &sh.inner;
+    let p = &sh.pick;
+    let window = (demand * 2).max(demand + 8);
+    for _ in 0..5 {
+        Stats::add(&inner.stats.picks, 1);
+        let result = sqlx::query(&inner.sql.pick)
+            .bind(queue)
+            .bind(demand as i32)
+            .bind(window as i32)
+            .bind(&p.workflows)
+            .bind(&inner.cfg.node_id)
+            .bind(&p.gate_names)
+            .bind(&p.gate_limits)
+            .bind(&p.gate_shards)
+            .bind(&p.rate_names)
+            .bind(&p.rate_intervals)
+            .bind(&p.rate_tolerances)
+            .fetch_all(&inner.pool)
+            .await;
+        match result {
+            Ok(rows) => {
+                let claimed = rows
+                    .iter()
+                    .map(claimed_from_row)
+                    .collect::<Result<Vec<_>>>()?;
+                Stats::add(&inner.stats.claimed, claimed.len() as u64);
+                return Ok(claimed);
+            }
+            Err(sqlx::Error::Database(db))
+                if db.code().as_deref() == Some("23505") || db.code().as_deref() == Some("40P01") =>
+            {
+                Stats::add(&inner.stats.pick_conflicts, 1);
+            }
+            Err(e) => {
+                Stats::add(&inner.stats.pick_errors, 1);
+                return Err(e.into());
+            }
+        }
+    }
+    Ok(Vec::new())
+}
+
+fn claimed_from_row(r: &sqlx::postgres::PgRow) -> Result<Claimed> {
+    Ok(Claimed {
+        id: r.try_get("id")?,
+        workflow: r.try_get("workflow")?,
+        step: r.try_get("step")?,
+        state: r.try_get("state")?,
+        queue: r.try_get("queue")?,
+        attempt: r.try_get("attempt")?,
+        max_attempts: r.try_get("max_attempts")?,
+        concurrency_key: r.try_get("concurrency_key")?,
+        gate_shard: r.try_get("gate_shard")?,
+        rate_key: r.try_get("rate_key")?,
+        wake: r.try_get("wake")?,
+    })
+}
+
+fn hand_back(sh: &Shared, rows: Vec<Claimed>) {
+    Stats::add(&sh.inner.stats.released, rows.len() as u64);
+    for row in rows {
+        let _ = sh.outcomes.send(OutcomeRow::release(&row));
+    }
+}
+
+fn spawn_step(sh: &Arc<Shared>, row: Claimed, permit: OwnedSemaphorePermit, wake: Arc<Notify>) {
+    let Some(workflow) = sh.inner.workflows.get(&row.workflow).cloned() else {
+        // The pick only claims workflows this node knows.
+        hand_back(sh, vec![row]);
+        return;
+    };
+    let sh2 = sh.clone();
+    sh.steps.spawn(async move {
+        let sh = sh2;
+        let ctx = StepContext {
+            id: row.id,
+            workflow: row.workflow.clone(),
+            queue: row.queue.clone(),
+            attempt: row.attempt,
+            max_attempts: row.max_attempts,
+            concurrency_key: row.concurrency_key.clone(),
+            rate_limit: row.rate_key.clone(),
+            wake: Wake::from_json(row.wake.clone()),
+        };
+        let (step, state) = (row.step.clone(), row.state.clone());
+        let wf = workflow.clone();
+        let user = tokio::spawn(async move { wf.step(&step, state, ctx).await });
+        lock(&sh.running).insert(row.id, user.abort_handle());
+        let result = user.await;
+        lock(&sh.running).remove(&row.id);
+        let cfg = &sh.inner.cfg;
+        let outcome = match result {
+            Ok(Ok(t)) => OutcomeRow::from_transition(&row, cfg, Some(&*workflow), t),
+            Ok(Err(e)) => OutcomeRow::from_transition(
+                &row,
+                cfg,
+                Some(&*workflow),
+                Transition::Error {
+                    reason: e.to_string(),
+                    detail: Some(format!("{e:?}")),
+                },
+            ),
+            Err(j) if j.is_panic() => {
+                OutcomeRow::failure(&row, cfg, "panic", format!("panic: {}", panic_message(j)))
+            }
+            Err(_) => OutcomeRow::failure(
+                &row,
+                cfg,
+                "shutdown",
+                "aborted: the step did not finish within the shutdown timeout".into(),
+            ),
+        };
+        let _ = sh.outcomes.send(outcome);
+        drop(permit);
+        wake.notify_one();
+    });
+}
+
+fn panic_message(j: tokio::task::JoinError) -> String {
+    let payload = j.into_panic();
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic with a non-string payload".into()
+    }
+}
+
+/// Writes outcomes in batches: whatever accumulated while the previous batch
+/// was in flight goes in the next statement.
+async fn write_outcomes(
+    sh: Arc<Shared>,
+    mut rx: mpsc::UnboundedReceiver<OutcomeRow>,
+    stop: CancellationToken,
+) {
+    loop {
+        let first = tokio::select! {
+            o = rx.recv() => o,
+            _ = stop.cancelled() => None,
+        };
+        let mut batch = Vec::new();
+        match first {
+            Some(o) => batch.push(o),
+            None => {
+                // Stopping: every step has finished; write what is left.
+                while let Ok(o) = rx.try_recv() {
+                    batch.push(o);
+                }
+                for chunk in batch.chunks(MAX_OUTCOME_BATCH) {
+                    write_batch(&sh, chunk.to_vec(), Some(Instant::now() + sh.inner.cfg.shutdown_timeout)).await;
+                }
+                return;
+            }
+        }
+        while batch.len() < MAX_OUTCOME_BATCH {
+            match rx.try_recv() {
+                Ok(o) => batch.push(o),
+                Err(_) => break,
+            }
+        }
+        write_batch(&sh, batch, None).await;
+    }
+}
+
+/// Write one batch, retrying through connection loss (until `deadline`, if
+/// any). A batch the database refuses for another reason is written row by row
+/// so one bad row cannot hold back the others.
+async fn write_batch(sh: &Shared, batch: Vec<OutcomeRow>, deadline: Option<Instant>) {
+    let wake = batch.iter().any(|o| o.held || o.runnable_now());
+    let mut retry = Backoff::new();
+    loop {
+        match write_outcome_rows(&sh.inner, &batch).await {
+            Ok(()) => break,
+            Err(e) if e.is_transient() => {
+                if deadline.is_some_and(|d| Instant::now() >= d) {
+                    tracing::error!(outcomes = batch.len(), error = %e,
+                        "giving up writing outcomes at shutdown; the rows will be rescued");
+                    return;
+                }
+                tracing::warn!(error = %e, "writing outcomes failed; retrying");
+                tokio::time::sleep(retry.next()).await;
+            }
+            Err(e) if batch.len() > 1 => {
+                tracing::warn!(error = %e, "an outcome batch was refused; writing row by row");
+                for o in batch {
+                    Box::pin(write_batch(sh, vec![o], deadline)).await;
+                }
+                return;
+            }
+            Err(e) => {
+                tracing::error!(id = batch[0].id, error = %e, "an outcome was refused; recording it as an error");
+                let fallback = OutcomeRow::refused(&batch[0], &e.to_string());
+                if let Err(e) = write_outcome_rows(&sh.inner, &[fallback]).await {
+                    tracing::error!(id = batch[0].id, error = %e, "recording the refused outcome failed too");
+                }
+                break;
+            }
+        }
+    }
+    if wake {
+        sh.wake_all();
+    }
+}
+
+async fn write_outcome_rows(inner: &Inner, batch: &[OutcomeRow]) -> Result<()> {
+    let rows = sqlx::query(&inner.sql.outcome)
+        .bind(sqlx::types::Json(batch))
+        .bind(&inner.cfg.node_id)
+        .bind(&inner.sql.channel)
+        .fetch_all(&inner.pool)
+        .await?;
+    Stats::add(&inner.stats.outcome_batches, 1);
+    Stats::add(&inner.stats.outcomes, rows.len() as u64);
+    Stats::add(&inner.stats.fenced, (batch.len() - rows.len()) as u64);
+    Ok(())
+}
+
+/// LISTEN for wake-ups; after any reconnect every picker is woken, since
+/// notifications sent meanwhile are lost.
+async fn listen(sh: Arc<Shared>) {
+    let mut retry = Backoff::new();
+    loop {
+        let connected = async {
+            let mut l = PgListener::connect_with(&sh.inner.pool).await?;
+            l.listen(&sh.inner.sql.channel).await?;
+            Ok::<_, sqlx::Error>(l)
+        }
+        .await;
+        let mut listener = match connected {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::debug!(error = %e, "LISTEN connection failed; polling meanwhile");
+                tokio::select! {
+                    _ = tokio::time::sleep(retry.next()) => continue,
+                    _ = sh.shutdown.cancelled() => return,
+                }
+            }
+        };
+        retry.reset();
+        sh.wake_all();
+        loop {
+            let received = tokio::select! {
+                r = listener.try_recv() => r,
+                _ = sh.shutdown.cancelled() => return,
+            };
+            match received {
+                Ok(Some(n)) if n.payload().is_empty() => sh.wake_all(),
+                Ok(Some(n)) => {
+                    if let Some(w) = sh.wakes.get(n.payload()) {
+                        w.notify_one();
+                    }
+                }
+                Ok(None) => sh.wake_all(),
+                Err(_) => break,
+            }
+        }
+    }
+}
+
+async fn heartbeat(inner: &Inner) -> Result<()> {
+    let queues = serde_json::to_value(&inner.cfg.queues).unwrap_or_default();
+    sqlx::query(&inner.sql.heartbeat)
+        .bind(&inner.cfg.node_id)
+        .bind(crate::config::hostname())
+        .bind(std::process::id() as i32)
+        .bind(queues)
+        .execute(&inner.pool)
+        .await?;
+    Ok(())
+}
+
+/// Heartbeat, stage due rows, rescue rows of dead nodes, reconcile gates and
+/// prune, each on its own cadence. Failures are logged and retried next time.
+async fn maintain(sh: Arc<Shared>) {
+    let inner = &sh.inner;
+    let cfg = &inner.cfg;
+    let tick = cfg.poll_interval.min(cfg.heartbeat_interval);
+    let mut last_beat = Instant::now();
+    let mut last_reap = Instant::now() - cfg.heartbeat_interval;
+    let mut last_gc = Instant::now();
+    let mut last_prune = Instant::now() - Duration::from_secs(3600);
+    loop {
+        let now = Instant::now();
+        if now - last_beat >= cfg.heartbeat_interval {
+            match heartbeat(inner).await {
+                Ok(()) => last_beat = now,
+                Err(e) => tracing::warn!(error = %e, "heartbeat failed"),
+            }
+        }
+        if let Err(e) = stage(inner).await {
+            tracing::debug!(error = %e, "staging failed");
+        }
+        if now - last_reap >= cfg.heartbeat_interval {
+            last_reap = now;
+            if let Err(e) = reap(inner).await {
+                tracing::debug!(error = %e, "reaping failed");
+            }
+        }
+        if now - last_gc >= cfg.gc_interval {
+            last_gc = now;
+            if let Err(e) = reconcile_gates(inner).await {
+                tracing::debug!(error = %e, "gate reconciliation failed");
+            }
+        }
+        if now - last_prune >= Duration::from_secs(60) {
+            last_prune = now;
+            if let Err(e) = prune(inner).await {
+                tracing::debug!(error = %e, "pruning failed");
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(tick) => {}
+            _ = sh.shutdown.cancelled() => return,
+        }
+    }
+}
+
+async fn stage(inner: &Inner) -> Result<u64> {
+    let row = sqlx::query(&inner.sql.stage)
+        .bind(STAGE_BATCH)
+        .bind(&inner.sql.channel)
+        .fetch_one(&inner.pool)
+        .await?;
+    Ok(row.try_get::<i64, _>(0)? as u64)
+}
+
+/// Rescue rows of nodes whose heartbeat is stale; forget long-dead nodes.
+pub(crate) async fn reap(inner: &Inner) -> Result<u64> {
+    let lease = inner.cfg.lease.as_secs_f64();
+    let row = sqlx::query(&inner.sql.reap)
+        .bind(lease)
+        .bind(&inner.sql.channel)
+        .fetch_one(&inner.pool)
+        .await?;
+    let rescued = row.try_get::<i64, _>(0)? as u64;
+    Stats::add(&inner.stats.rescued, rescued);
+    sqlx::query(&inner.sql.forget_dead_nodes)
+        .bind(lease * 3.0)
+        .execute(&inner.pool)
+        .await?;
+    Ok(rescued)
+}
+
+/// One reconciler sweep: repair gate counters from the executing rows and
+/// delete the counters of idle keys. Returns how many counters it changed.
+pub(crate) async fn reconcile_gates(inner: &Inner) -> Result<u64> {
+    let row = sqlx::query(&inner.sql.reconcile)
+        .fetch_one(&inner.pool)
+        .await?;
+    let total = row.try_get::<i32, _>(0)? as u64;
+    sqlx::query(&inner.sql.prune_rates)
+        .execute(&inner.pool)
+        .await?;
+    Ok(total)
+}
+
+async fn prune(inner: &Inner) -> Result<u64> {
+    let Some(retention) = inner.cfg.retention else {
+        return Ok(0);
+    };
+    let mut total = 0;
+    loop {
+        let done = sqlx::query(&inner.sql.prune)
+            .bind(retention.as_secs_f64())
+            .bind(PRUNE_BATCH)
+            .execute(&inner.pool)
+            .await?
+            .rows_affected();
+        total += done;
+        if done < PRUNE_BATCH as u64 {
+            return Ok(total);
+        }
+    }
+}
+
+/// Retry delays for a failing background statement: 50 ms doubling to 5 s.
+struct Backoff(Duration);
+
+impl Backoff {
+    fn new() -> Self {
+        Backoff(Duration::from_millis(50))
+    }
+
+    fn reset(&mut self) {
+        self.0 = Duration::from_millis(50);
+    }
+
+    fn next(&mut self) -> Duration {
+        let d = self.0;
+        self.0 = (self.0 * 2).min(Duration::from_secs(5));
+        d
+    }
+}

@@ -1,0 +1,291 @@
+//! Turning a step's transition into the row update that records it.
+
+use crate::config::EngineConfig;
+use crate::error::{Error, Result};
+use crate::transition::{KeyChange, Transition};
+use crate::validate;
+use crate::workflow::Workflow;
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde_json::{json, Value};
+use std::time::Duration;
+
+/// A row claimed by a pick, as the step runner sees it.
+#[derive(Debug, Clone)]
+pub(crate) struct Claimed {
+    pub id: i64,
+    pub workflow: String,
+    pub step: String,
+    pub state: Value,
+    pub queue: String,
+    pub attempt: i32,
+    pub max_attempts: i32,
+    pub concurrency_key: Option<String>,
+    pub gate_shard: Option<i32>,
+    pub rate_key: Option<String>,
+    pub wake: Option<Value>,
+}
+
+/// One outcome, serialised into the batch the outcome statement reads with
+/// `jsonb_to_recordset`. Field names match its column list.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct OutcomeRow {
+    pub id: i64,
+    pub attempt: i32,
+    pub kind: &'static str,
+    pub status: &'static str,
+    pub step: Option<String>,
+    pub state: Option<Value>,
+    pub set_key: bool,
+    pub ckey: Option<String>,
+    pub rkey: Option<String>,
+    /// Seconds: the delay of a scheduled row, or an await's timeout.
+    pub delay: Option<f64>,
+    pub until: Option<DateTime<Utc>>,
+    pub signal: Option<String>,
+    pub error: Option<Value>,
+    /// The gate key and shard the claim debited, to credit back.
+    pub gkey: Option<String>,
+    pub gshard: Option<i32>,
+    /// Whether the claim held a concurrency key (its release wakes pickers).
+    pub held: bool,
+    #[serde(skip)]
+    pub max_attempts: i32,
+    #[serde(skip)]
+    pub step_name: String,
+}
+
+impl OutcomeRow {
+    fn base(c: &Claimed, kind: &'static str, status: &'static str) -> OutcomeRow {
+        OutcomeRow {
+            id: c.id,
+            attempt: c.attempt,
+            kind,
+            status,
+            step: None,
+            state: None,
+            set_key: false,
+            ckey: None,
+            rkey: None,
+            delay: None,
+            until: None,
+            signal: None,
+            error: None,
+            gkey: c.gate_shard.and(c.concurrency_key.clone()),
+            gshard: c.gate_shard,
+            held: c.concurrency_key.is_some(),
+            max_attempts: c.max_attempts,
+            step_name: c.step.clone(),
+        }
+    }
+
+    /// The database refused to record `o`: record an error instead, keeping the
+    /// step and state, so the row is retried rather than stuck executing.
+    pub fn refused(o: &OutcomeRow, message: &str) -> OutcomeRow {
+        let last = o.attempt >= o.max_attempts;
+        OutcomeRow {
+            kind: "error",
+            status: if last { "discarded" } else { "scheduled" },
+            step: None,
+            state: None,
+            set_key: false,
+            ckey: None,
+            rkey: None,
+            delay: (!last).then_some(5.0),
+            until: None,
+            signal: None,
+            error: Some(json!({
+                "kind": "outcome_refused",
+                "step": o.step_name,
+                "attempt": o.attempt,
+                "message": format!("the database refused the step's {} outcome: {message}", o.kind),
+            })),
+            ..o.clone()
+        }
+    }
+
+    /// Whether the row is runnable again right away.
+    pub fn runnable_now(&self) -> bool {
+        self.status == "available"
+    }
+
+    /// Hand a claimed row back untouched: it never started.
+    pub fn release(c: &Claimed) -> OutcomeRow {
+        OutcomeRow::base(c, "release", "available")
+    }
+
+    /// Record a failure that is not the step's own return value (a panic, a
+    /// shutdown, an invalid transition): retried like any error.
+    pub fn failure(c: &Claimed, cfg: &EngineConfig, kind: &str, message: String) -> OutcomeRow {
+        let t = Transition::Error {
+            reason: message,
+            detail: None,
+        };
+        let mut row = OutcomeRow::from_transition_unchecked(c, cfg, None, t);
+        if let Some(Value::Object(e)) = row.error.as_mut() {
+            e.insert("kind".into(), Value::String(kind.to_owned()));
+        }
+        row
+    }
+
+    /// Build the outcome of a transition, or an error outcome saying why the
+    /// transition itself is invalid (nothing is lost: the step is retried).
+    pub fn from_transition(
+        c: &Claimed,
+        cfg: &EngineConfig,
+        workflow: Option<&dyn Workflow>,
+        t: Transition,
+    ) -> OutcomeRow {
+        match check(cfg, &t) {
+            Ok(()) => OutcomeRow::from_transition_unchecked(c, cfg, workflow, t),
+            Err(e) => OutcomeRow::failure(
+                c,
+                cfg,
+                "invalid_transition",
+                format!("the step returned an invalid {} transition: {e}", t.kind()),
+            ),
+        }
+    }
+
+    fn from_transition_unchecked(
+        c: &Claimed,
+        cfg: &EngineConfig,
+        workflow: Option<&dyn Workflow>,
+        t: Transition,
+    ) -> OutcomeRow {
+        let kind = t.kind();
+        match t {
+            Transition::Next {
+                step,
+                state,
+                options,
+            } => {
+                let status = if options.delay.is_some_and(|d| !d.is_zero()) {
+                    "scheduled"
+                } else {
+                    "available"
+                };
+                let mut row = OutcomeRow::base(c, kind, status);
+                row.rkey = options
+                    .rate_limit
+                    .or_else(|| workflow.and_then(|w| w.rate_limit(&step, &state)));
+                match options.concurrency_key {
+                    KeyChange::Keep => {}
+                    KeyChange::Release => row.set_key = true,
+                    KeyChange::Set(k) => {
+                        row.set_key = true;
+                        row.ckey = Some(k.0);
+                    }
+                }
+                row.delay = options.delay.map(|d| d.as_secs_f64());
+                row.step = Some(step);
+                row.state = Some(state);
+                row
+            }
+            Transition::Done { state } => {
+                let mut row = OutcomeRow::base(c, kind, "completed");
+                row.state = Some(state);
+                row
+            }
+            Transition::Await { step, state, on } => {
+                let mut row = OutcomeRow::base(c, kind, "awaiting");
+                row.rkey = workflow.and_then(|w| w.rate_limit(&step, &state));
+                row.signal = on.signal;
+                row.delay = on.timeout.map(|d| d.as_secs_f64());
+                row.until = on.until;
+                row.step = Some(step);
+                row.state = Some(state);
+                row
+            }
+            Transition::Snooze { delay } => {
+                let mut row = OutcomeRow::base(c, kind, "scheduled");
+                row.delay = Some(delay.as_secs_f64());
+                row
+            }
+            Transition::Error { reason, detail } => {
+                let last = c.attempt >= c.max_attempts;
+                let mut row = OutcomeRow::base(c, kind, if last { "discarded" } else { "scheduled" });
+                if !last {
+                    row.delay = Some(backoff(cfg, c.attempt).as_secs_f64());
+                }
+                row.error = Some(json!({
+                    "kind": "error",
+                    "step": c.step,
+                    "attempt": c.attempt,
+                    "message": reason,
+                    "detail": detail,
+                }));
+                row
+            }
+            Transition::Cancel { reason } => {
+                let mut row = OutcomeRow::base(c, kind, "cancelled");
+                row.error = Some(json!({"kind": "cancel", "step": c.step, "message": reason}));
+                row
+            }
+        }
+    }
+}
+
+/// Exponential backoff with jitter: base × 2^(attempt−1), capped, then scaled by
+/// a random factor in [0.5, 1.0] so that a burst of failures spreads out.
+pub(crate) fn backoff(cfg: &EngineConfig, attempt: i32) -> Duration {
+    let exp = attempt.clamp(1, 31) as u32 - 1;
+    let raw = cfg
+        .backoff_base
+        .saturating_mul(2u32.saturating_pow(exp))
+        .min(cfg.backoff_max);
+    raw.mul_f64(0.5 + rand::random::<f64>() * 0.5)
+}
+
+/// Validate what a step returned, as strictly as an insert.
+pub(crate) fn check(cfg: &EngineConfig, t: &Transition) -> Result<()> {
+    match t {
+        Transition::Next {
+            step,
+            state,
+            options,
+        } => {
+            validate::name("step", step)?;
+            validate::state("state", state)?;
+            if let KeyChange::Set(k) = &options.concurrency_key {
+                validate::key("concurrency_key", k.as_str())?;
+            }
+            if let Some(r) = &options.rate_limit {
+                check_rate_key(cfg, r)?;
+            }
+        }
+        Transition::Done { state } => validate::state("state", state)?,
+        Transition::Await { step, state, on } => {
+            validate::name("step", step)?;
+            validate::state("state", state)?;
+            if let Some(s) = &on.signal {
+                validate::name("signal", s)?;
+            }
+            if on.signal.is_none() && on.timeout.is_none() && on.until.is_none() {
+                return Err(Error::input(
+                    "await",
+                    "needs a signal, a timeout or an until time to wake on",
+                ));
+            }
+        }
+        Transition::Snooze { .. } | Transition::Error { .. } | Transition::Cancel { .. } => {}
+    }
+    Ok(())
+}
+
+/// A rate-limit key must be well formed and name a configured rate limit:
+/// an unknown name would silently not be limited.
+pub(crate) fn check_rate_key(cfg: &EngineConfig, key: &str) -> Result<()> {
+    validate::key("rate_limit", key)?;
+    if cfg.rate_for(key).is_none() {
+        return Err(Error::input(
+            "rate_limit",
+            format!(
+                "no rate limit named {:?} is configured (rate_limits: {:?})",
+                validate::key_name(key),
+                cfg.rates.keys().collect::<Vec<_>>()
+            ),
+        ));
+    }
+    Ok(())
+}

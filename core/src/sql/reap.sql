@@ -1,0 +1,28 @@
+-- Rescue rows executing on nodes whose heartbeat is older than the lease ($1
+-- seconds). The attempt was counted by the claim; at max_attempts the row is
+-- discarded. Gate counters are not credited here (the safe direction): the
+-- reconciler restores them from the executing rows.
+WITH lost AS (
+    SELECT i.id FROM __S__.instances i
+    WHERE i.status = 'executing'
+      AND NOT EXISTS (SELECT 1 FROM __S__.nodes n
+                      WHERE n.id = i.node AND n.heartbeat_at > now() - make_interval(secs => $1))
+    FOR UPDATE OF i SKIP LOCKED
+), rescued AS (
+    UPDATE __S__.instances i SET
+        status = CASE WHEN i.cancel_requested THEN 'cancelled'
+                      WHEN i.attempt >= i.max_attempts THEN 'discarded'
+                      ELSE 'available' END,
+        finished_at = CASE WHEN i.cancel_requested OR i.attempt >= i.max_attempts THEN now() END,
+        errors = i.errors || jsonb_build_array(jsonb_build_object(
+            'kind', 'lost', 'step', i.step, 'attempt', i.attempt, 'node', i.node, 'at', now(),
+            'message', 'node ' || coalesce(i.node, '?') || ' stopped heartbeating while the step ran')),
+        node = NULL,
+        gate_shard = NULL,
+        scheduled_at = now()
+    FROM lost WHERE i.id = lost.id
+    RETURNING i.id
+)
+SELECT count(*) AS rescued,
+       (SELECT count(*) FROM (SELECT pg_notify($2, '') FROM rescued LIMIT 1) n) AS notified
+FROM rescued

@@ -1,0 +1,61 @@
+//! Counters of what a node did, for tests, benches and monitoring.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+/// Monotonic counters; read them with [`Stats::snapshot`].
+#[derive(Debug, Default)]
+pub struct Stats {
+    pub(crate) picks: AtomicU64,
+    pub(crate) claimed: AtomicU64,
+    pub(crate) pick_conflicts: AtomicU64,
+    pub(crate) pick_errors: AtomicU64,
+    pub(crate) outcomes: AtomicU64,
+    pub(crate) outcome_batches: AtomicU64,
+    pub(crate) fenced: AtomicU64,
+    pub(crate) rescued: AtomicU64,
+    pub(crate) released: AtomicU64,
+}
+
+/// A copy of the counters at one moment.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StatsSnapshot {
+    /// Pick statements run.
+    pub picks: u64,
+    /// Rows claimed by them.
+    pub claimed: u64,
+    /// Picks that lost a race on a K = 1 key and were retried.
+    pub pick_conflicts: u64,
+    /// Picks that failed otherwise (connection lost, ...).
+    pub pick_errors: u64,
+    /// Outcomes written.
+    pub outcomes: u64,
+    /// Statements that wrote them.
+    pub outcome_batches: u64,
+    /// Outcomes dropped because the row had been rescued by then.
+    pub fenced: u64,
+    /// Rows rescued from dead nodes by this node's reaper.
+    pub rescued: u64,
+    /// Claimed rows handed back unstarted at shutdown.
+    pub released: u64,
+}
+
+impl Stats {
+    /// Read every counter.
+    pub fn snapshot(&self) -> StatsSnapshot {
+        StatsSnapshot {
+            picks: self.picks.load(Relaxed),
+            claimed: self.claimed.load(Relaxed),
+            pick_conflicts: self.pick_conflicts.load(Relaxed),
+            pick_errors: self.pick_errors.load(Relaxed),
+            outcomes: self.outcomes.load(Relaxed),
+            outcome_batches: self.outcome_batches.load(Relaxed),
+            fenced: self.fenced.load(Relaxed),
+            rescued: self.rescued.load(Relaxed),
+            released: self.released.load(Relaxed),
+        }
+    }
+
+    pub(crate) fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Relaxed);
+    }
+}

@@ -1,0 +1,171 @@
+//! Input checks shared by every entry point. They run before any SQL, so a
+//! rejected call writes nothing.
+
+use crate::error::{Error, Result};
+use serde_json::Value;
+
+/// Longest workflow, step, queue or signal name, in bytes.
+pub const MAX_NAME_BYTES: usize = 255;
+/// Longest concurrency or rate-limit key, in bytes.
+pub const MAX_KEY_BYTES: usize = 1024;
+/// Largest state, serialised, in bytes.
+pub const MAX_STATE_BYTES: usize = 64 * 1024 * 1024;
+
+/// A workflow, step, queue or signal name: 1 to 255 bytes, no NUL, no control characters.
+pub fn name(field: &'static str, value: &str) -> Result<()> {
+    if value.is_empty() {
+        return Err(Error::input(field, "must not be empty"));
+    }
+    if value.len() > MAX_NAME_BYTES {
+        return Err(Error::input(
+            field,
+            format!("is {} bytes long; the limit is {MAX_NAME_BYTES}", value.len()),
+        ));
+    }
+    if value.chars().any(char::is_control) {
+        return Err(Error::input(field, "must not contain NUL or control characters"));
+    }
+    Ok(())
+}
+
+/// A concurrency or rate-limit key `name:rest`: the name part (before the first
+/// `:`) must be non-empty; the whole is at most 1024 bytes without NUL.
+pub fn key(field: &'static str, value: &str) -> Result<()> {
+    if value.is_empty() {
+        return Err(Error::input(field, "must not be empty"));
+    }
+    if value.len() > MAX_KEY_BYTES {
+        return Err(Error::input(
+            field,
+            format!("is {} bytes long; the limit is {MAX_KEY_BYTES}", value.len()),
+        ));
+    }
+    if value.contains('\0') {
+        return Err(Error::input(field, "must not contain NUL bytes"));
+    }
+    if key_name(value).is_empty() {
+        return Err(Error::input(
+            field,
+            format!("{value:?} has an empty name: keys look like \"name:rest\""),
+        ));
+    }
+    Ok(())
+}
+
+/// The name of a key: the part before the first `:`.
+pub fn key_name(key: &str) -> &str {
+    key.split(':').next().unwrap_or(key)
+}
+
+/// A state: a JSON object without NUL characters (PostgreSQL's jsonb cannot hold
+/// them) and at most [`MAX_STATE_BYTES`] once serialised.
+pub fn state(field: &'static str, value: &Value) -> Result<()> {
+    if !value.is_object() {
+        return Err(Error::input(
+            field,
+            format!("must be a JSON object, got {}", json_kind(value)),
+        ));
+    }
+    if has_nul(value) {
+        return Err(Error::input(field, "must not contain NUL (\\u0000) characters"));
+    }
+    Ok(())
+}
+
+/// The serialised-size check, done where the state is serialised anyway.
+pub fn state_size(field: &'static str, serialised_len: usize) -> Result<()> {
+    if serialised_len > MAX_STATE_BYTES {
+        return Err(Error::input(
+            field,
+            format!("is {serialised_len} bytes; the limit is {MAX_STATE_BYTES}"),
+        ));
+    }
+    Ok(())
+}
+
+/// Any JSON value (a signal payload): no NUL characters.
+pub fn payload(field: &'static str, value: &Value) -> Result<()> {
+    if has_nul(value) {
+        return Err(Error::input(field, "must not contain NUL (\\u0000) characters"));
+    }
+    Ok(())
+}
+
+/// A schema name: a plain lower-case SQL identifier, so it can be quoted safely
+/// into statement text.
+pub fn schema(value: &str) -> Result<()> {
+    let ok = !value.is_empty()
+        && value.len() <= 48
+        && value.starts_with(|c: char| c.is_ascii_lowercase() || c == '_')
+        && value
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::config(format!(
+            "schema {value:?} must be 1 to 48 characters of a-z, 0-9 and _, not starting with a digit"
+        )))
+    }
+}
+
+fn has_nul(value: &Value) -> bool {
+    match value {
+        Value::String(s) => s.contains('\0'),
+        Value::Array(a) => a.iter().any(has_nul),
+        Value::Object(o) => o.iter().any(|(k, v)| k.contains('\0') || has_nul(v)),
+        _ => false,
+    }
+}
+
+fn json_kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn names() {
+        assert!(name("workflow", "Account.Sync").is_ok());
+        assert!(name("workflow", "").is_err());
+        assert!(name("workflow", &"x".repeat(256)).is_err());
+        assert!(name("workflow", "a\0b").is_err());
+    }
+
+    #[test]
+    fn keys() {
+        assert!(key("concurrency_key", "account:7").is_ok());
+        assert!(key("concurrency_key", "stripe").is_ok());
+        assert!(key("concurrency_key", ":7").is_err());
+        assert!(key("concurrency_key", "a\0").is_err());
+        assert_eq!(key_name("order:42:x"), "order");
+        assert_eq!(key_name("order"), "order");
+    }
+
+    #[test]
+    fn states() {
+        assert!(state("state", &json!({"a": [1, "x"]})).is_ok());
+        assert!(state("state", &json!([1])).is_err());
+        assert!(state("state", &json!({"a": "b\u{0}"})).is_err());
+        assert!(state("state", &json!({"a\u{0}": 1})).is_err());
+    }
+
+    #[test]
+    fn schemas() {
+        assert!(schema("gendurable").is_ok());
+        assert!(schema("t_1").is_ok());
+        assert!(schema("1t").is_err());
+        assert!(schema("a\"b").is_err());
+        assert!(schema("").is_err());
+    }
+}
