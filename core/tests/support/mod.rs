@@ -1,0 +1,78 @@
+//! Shared test support: one throwaway Postgres per test binary (or
+//! DATABASE_URL), a fresh schema per test, and an outside observer.
+#![allow(dead_code)]
+
+use gendurable::embedded::TempPostgres;
+use gendurable::{Engine, EngineBuilder};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+static SERVER: OnceLock<(String, Option<TempPostgres>)> = OnceLock::new();
+
+/// The database every test of this binary shares; each test takes its own schema.
+pub fn url() -> String {
+    SERVER
+        .get_or_init(|| {
+            if let Ok(url) = std::env::var("DATABASE_URL") {
+                return (url, None);
+            }
+            // Started on a thread of its own: the server outlives any one test's runtime.
+            std::thread::spawn(|| {
+                let rt = tokio::runtime::Runtime::new().unwrap();
+                let pg = rt.block_on(TempPostgres::start()).expect("start a throwaway Postgres");
+                (pg.url(), Some(pg))
+            })
+            .join()
+            .unwrap()
+        })
+        .0
+        .clone()
+}
+
+/// A schema name no other test uses.
+pub fn schema(prefix: &str) -> String {
+    format!("t_{prefix}_{:08x}", rand::random::<u32>())
+}
+
+/// A builder with fast test settings: short poll, heartbeat and lease.
+pub fn builder(url: &str, schema: &str) -> EngineBuilder {
+    Engine::builder()
+        .url(url)
+        .schema(schema)
+        .poll_interval(Duration::from_millis(100))
+        .heartbeat_interval(Duration::from_millis(300))
+        .lease(Duration::from_secs(2))
+        .gc_interval(Duration::from_millis(500))
+        .backoff(Duration::from_millis(10), Duration::from_millis(50))
+        .shutdown_timeout(Duration::from_secs(5))
+}
+
+/// Waits for `cond` to hold, checking whenever `poll` elapses, for at most
+/// `limit` (a failure then, not a timing assertion: the condition never came).
+pub async fn eventually<F, Fut>(what: &str, limit: Duration, mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = std::time::Instant::now();
+    loop {
+        if cond().await {
+            return;
+        }
+        if start.elapsed() > limit {
+            panic!("{what}: not reached within {limit:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Count instances per status in a schema.
+pub async fn count(pool: &sqlx::PgPool, schema: &str, status: &str) -> i64 {
+    sqlx::query_scalar(&format!(
+        "SELECT count(*) FROM \"{schema}\".instances WHERE status = $1"
+    ))
+    .bind(status)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
