@@ -14,7 +14,7 @@ use gendurable::embedded::{
     database_url_or_temp, find_bin_dir, EmbeddedError, StopMode, TempPostgres, TempPostgresOptions,
 };
 use sqlx::{Connection, PgConnection, Row};
-use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
 const CHILD_ENV: &str = "GD_EMBEDDED_CHILD";
 const CHILD_TEST: &str = "child_entry";
@@ -129,6 +129,20 @@ fn child_entry() {
             loop {
                 std::thread::sleep(Duration::from_secs(3600));
             }
+        }
+        // Start a cluster that is never dropped, report it, and leave
+        // through std::process::exit once told to.
+        "exit" => {
+            static PARKED: std::sync::OnceLock<TempPostgres> = std::sync::OnceLock::new();
+            let pg = PARKED.get_or_init(|| runtime.block_on(TempPostgres::start()).unwrap());
+            println!(
+                "GD_CHILD port={} root={}",
+                pg.port(),
+                cluster_root(pg).display()
+            );
+            let mut line = String::new();
+            std::io::stdin().read_line(&mut line).unwrap();
+            std::process::exit(0);
         }
         // Report what database_url_or_temp picks in this environment.
         "url_or_temp" => runtime.block_on(async {
@@ -435,9 +449,9 @@ async fn database_url_or_temp_prefers_database_url() {
     }
 }
 
-#[tokio::test]
-async fn watchdog_cleans_up_after_sigkill() {
-    let mut child = child_command("hold").spawn().unwrap();
+/// Starts a child in `role` and waits for its report line.
+async fn spawn_reporting_child(role: &str) -> (tokio::process::Child, String) {
+    let mut child = child_command(role).stdin(Stdio::piped()).spawn().unwrap();
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     let line = tokio::time::timeout(Duration::from_secs(120), async {
         while let Some(line) = lines.next_line().await.unwrap() {
@@ -449,18 +463,24 @@ async fn watchdog_cleans_up_after_sigkill() {
     })
     .await
     .expect("child did not report in time");
+    (child, line)
+}
 
-    let port: u16 = field(&line, "port").parse().unwrap();
-    let root = PathBuf::from(field(&line, "root"));
+/// Checks the child's cluster is up, returning its root and port.
+async fn child_cluster(line: &str) -> (PathBuf, u16) {
+    let port: u16 = field(line, "port").parse().unwrap();
+    let root = PathBuf::from(field(line, "root"));
     assert!(root.is_dir());
     assert_eq!(
         select_one(&format!("postgres://postgres@127.0.0.1:{port}/postgres")).await,
         1
     );
+    (root, port)
+}
 
-    // SIGKILL: no destructor runs in the child.
-    child.kill().await.unwrap();
-
+/// Waits (up to 20 s) for the watchdog to stop the server and delete the
+/// cluster directory.
+async fn assert_cleaned_up_by_watchdog(root: &Path, port: u16) {
     let cleaned = eventually(Duration::from_secs(20), || {
         !root.exists() && refuses_connections(port)
     })
@@ -472,7 +492,53 @@ async fn watchdog_cleans_up_after_sigkill() {
         refuses_connections(port)
     );
     assert!(
-        eventually(Duration::from_secs(5), || !process_mentions(&root)).await,
+        eventually(Duration::from_secs(5), || !process_mentions(root)).await,
         "watchdog or server still running"
     );
+}
+
+#[tokio::test]
+async fn watchdog_cleans_up_after_sigkill() {
+    let (mut child, line) = spawn_reporting_child("hold").await;
+    let (root, port) = child_cluster(&line).await;
+    // SIGKILL: no destructor runs in the child.
+    child.kill().await.unwrap();
+    assert_cleaned_up_by_watchdog(&root, port).await;
+}
+
+#[tokio::test]
+async fn watchdog_cleans_up_after_process_exit() {
+    let (mut child, line) = spawn_reporting_child("exit").await;
+    let (root, port) = child_cluster(&line).await;
+    // Let the child call std::process::exit with its cluster in a static.
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"exit\n").await.unwrap();
+    drop(stdin);
+    let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
+        .await
+        .expect("child did not exit")
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+    assert_cleaned_up_by_watchdog(&root, port).await;
+}
+
+#[tokio::test]
+async fn unreachable_temp_dir_falls_back_to_tmp_when_root() {
+    // SAFETY: geteuid(2) has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return; // Only root hands the directory to another user.
+    }
+    // A root-only directory (mode 0700) that the postgres user cannot enter.
+    let private = tempfile::tempdir().unwrap();
+    let output = child_command("url_or_temp")
+        .env_remove("DATABASE_URL")
+        .env("TMPDIR", private.path())
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "child failed:\n{stdout}");
+    let line = stdout.lines().find_map(report).expect("no report");
+    assert_eq!(field(&line, "guard"), "true");
+    assert_eq!(std::fs::read_dir(private.path()).unwrap().count(), 0);
 }

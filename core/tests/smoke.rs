@@ -1,6 +1,6 @@
 mod support;
 
-use gendurable::{Transition, NewInstance};
+use gendurable::{NewInstance, Transition};
 use serde_json::json;
 use std::time::Duration;
 
@@ -12,14 +12,19 @@ async fn one_instance_runs_to_done() {
         .queue("default", 5)
         .workflow_fn("Greet", |step, state, _ctx| async move {
             Ok(match step.as_str() {
-                "start" => Transition::next("finish", json!({"n": state["n"].as_i64().unwrap() + 1})),
+                "start" => {
+                    Transition::next("finish", json!({"n": state["n"].as_i64().unwrap() + 1}))
+                }
                 _ => Transition::done(json!({"n": state["n"].as_i64().unwrap() * 10})),
             })
         })
         .start()
         .await
         .unwrap();
-    let id = engine.insert(NewInstance::new("Greet", json!({"n": 1}))).await.unwrap();
+    let id = engine
+        .insert(NewInstance::new("Greet", json!({"n": 1})))
+        .await
+        .unwrap();
     let e = engine.clone();
     support::eventually("done", Duration::from_secs(10), || {
         let e = e.clone();

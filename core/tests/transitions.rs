@@ -88,10 +88,14 @@ async fn finished(engine: &Engine, id: i64) -> gendurable::Instance {
 
 async fn status_is(engine: &Engine, id: i64, status: Status) {
     let e = engine.clone();
-    support::eventually(&format!("instance {id} {status}"), Duration::from_secs(20), || {
-        let e = e.clone();
-        async move { e.get(id).await.unwrap().status == status }
-    })
+    support::eventually(
+        &format!("instance {id} {status}"),
+        Duration::from_secs(20),
+        || {
+            let e = e.clone();
+            async move { e.get(id).await.unwrap().status == status }
+        },
+    )
     .await;
 }
 
@@ -131,30 +135,56 @@ async fn every_transition_kind() {
     let i = finished(&engine, id).await;
     assert_eq!(i.status, Status::Completed);
     assert_eq!(steps(&i), ["start", "b", "c", "d"]);
-    let keys: Vec<Value> = i.state["seen"].as_array().unwrap().iter().map(|s| s["key"].clone()).collect();
-    assert_eq!(keys, [json!("acct:1"), json!("acct:1"), json!("other:1"), Value::Null]);
+    let keys: Vec<Value> = i.state["seen"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["key"].clone())
+        .collect();
+    assert_eq!(
+        keys,
+        [
+            json!("acct:1"),
+            json!("acct:1"),
+            json!("other:1"),
+            Value::Null
+        ]
+    );
     assert_eq!(i.concurrency_key, None);
     assert!(i.finished_at.is_some());
 
     // next with a delay goes through 'scheduled'
     let id = engine
-        .insert(plan(json!({"start": {"do": "next", "to": "later", "delay_ms": 300}})))
+        .insert(plan(
+            json!({"start": {"do": "next", "to": "later", "delay_ms": 300}}),
+        ))
         .await
         .unwrap();
     status_is(&engine, id, Status::Scheduled).await;
     assert_eq!(finished(&engine, id).await.status, Status::Completed);
 
     // snooze does not count as an attempt
-    let id = engine.insert(plan(json!({"start": {"do": "snooze_once"}}))).await.unwrap();
+    let id = engine
+        .insert(plan(json!({"start": {"do": "snooze_once"}})))
+        .await
+        .unwrap();
     let i = finished(&engine, id).await;
     assert_eq!(i.status, Status::Completed);
     assert!(SNOOZED.lock().unwrap().contains(&id));
-    let attempts: Vec<i64> = i.state["seen"].as_array().unwrap().iter().map(|s| s["attempt"].as_i64().unwrap()).collect();
+    let attempts: Vec<i64> = i.state["seen"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["attempt"].as_i64().unwrap())
+        .collect();
     assert_eq!(attempts, [1]);
     assert!(i.errors.is_empty());
 
     // error: retried with backoff, every error recorded
-    let id = engine.insert(plan(json!({"start": {"do": "fail_until", "n": 3}}))).await.unwrap();
+    let id = engine
+        .insert(plan(json!({"start": {"do": "fail_until", "n": 3}})))
+        .await
+        .unwrap();
     let i = finished(&engine, id).await;
     assert_eq!(i.status, Status::Completed);
     assert_eq!(i.errors.len(), 2);
@@ -179,7 +209,10 @@ async fn every_transition_kind() {
     let i = finished(&engine, id).await;
     assert_eq!(i.status, Status::Discarded);
     assert_eq!(i.errors[0]["kind"], "panic");
-    assert!(i.errors[0]["message"].as_str().unwrap().contains("step exploded"));
+    assert!(i.errors[0]["message"]
+        .as_str()
+        .unwrap()
+        .contains("step exploded"));
 
     // an invalid transition is recorded as an error, nothing lost
     let id = engine
@@ -189,28 +222,44 @@ async fn every_transition_kind() {
     let i = finished(&engine, id).await;
     assert_eq!(i.status, Status::Discarded);
     assert_eq!(i.errors[0]["kind"], "invalid_transition");
-    assert!(i.errors[0]["message"].as_str().unwrap().contains("JSON object"));
+    assert!(i.errors[0]["message"]
+        .as_str()
+        .unwrap()
+        .contains("JSON object"));
 
     // cancel from the step
-    let id = engine.insert(plan(json!({"start": {"do": "cancel"}}))).await.unwrap();
+    let id = engine
+        .insert(plan(json!({"start": {"do": "cancel"}})))
+        .await
+        .unwrap();
     let i = finished(&engine, id).await;
     assert_eq!(i.status, Status::Cancelled);
     assert_eq!(i.errors[0]["message"], "no longer needed");
 
     // await a signal: parked, woken with the payload
     let id = engine
-        .insert(plan(json!({"start": {"do": "await", "to": "woken", "signal": "paid"}})))
+        .insert(plan(
+            json!({"start": {"do": "await", "to": "woken", "signal": "paid"}}),
+        ))
         .await
         .unwrap();
     status_is(&engine, id, Status::Awaiting).await;
-    assert_eq!(engine.signal("paid", json!({"amount": 5})).await.unwrap(), 1);
+    assert_eq!(
+        engine.signal("paid", json!({"amount": 5})).await.unwrap(),
+        1
+    );
     let i = finished(&engine, id).await;
     assert_eq!(steps(&i), ["start", "woken"]);
-    assert_eq!(i.state["seen"][1]["wake"], json!({"signal": "paid", "payload": {"amount": 5}}));
+    assert_eq!(
+        i.state["seen"][1]["wake"],
+        json!({"signal": "paid", "payload": {"amount": 5}})
+    );
 
     // await with a timeout: woken with the timeout marker
     let id = engine
-        .insert(plan(json!({"start": {"do": "await", "to": "late", "signal": "never", "timeout_ms": 200}})))
+        .insert(plan(
+            json!({"start": {"do": "await", "to": "late", "signal": "never", "timeout_ms": 200}}),
+        ))
         .await
         .unwrap();
     let i = finished(&engine, id).await;
@@ -224,13 +273,22 @@ async fn every_transition_kind() {
         .unwrap();
     assert_eq!(engine.cancel(id).await.unwrap(), Cancelled::Now);
     assert_eq!(engine.get(id).await.unwrap().status, Status::Cancelled);
-    assert_eq!(engine.cancel(id).await.unwrap(), Cancelled::AlreadyFinished(Status::Cancelled));
-    let id = engine.insert(plan(json!({"start": {"do": "block"}}))).await.unwrap();
+    assert_eq!(
+        engine.cancel(id).await.unwrap(),
+        Cancelled::AlreadyFinished(Status::Cancelled)
+    );
+    let id = engine
+        .insert(plan(json!({"start": {"do": "block"}})))
+        .await
+        .unwrap();
     status_is(&engine, id, Status::Executing).await;
     assert_eq!(engine.cancel(id).await.unwrap(), Cancelled::AtOutcome);
     gate.notify_one();
     assert_eq!(finished(&engine, id).await.status, Status::Cancelled);
-    assert!(matches!(engine.cancel(123_456_789).await, Err(gendurable::Error::NotFound(_))));
+    assert!(matches!(
+        engine.cancel(123_456_789).await,
+        Err(gendurable::Error::NotFound(_))
+    ));
 
     engine.shutdown().await.unwrap();
 }
@@ -257,7 +315,13 @@ async fn survives_an_engine_restart() {
     let engine = builder(&url, &schema, gate).start().await.unwrap();
     let i = engine.get(awaiting).await.unwrap();
     assert_eq!((i.status, i.step.as_str()), (Status::Awaiting, "after"));
-    assert_eq!(engine.signal_instance(awaiting, "go", json!(1)).await.unwrap(), true);
+    assert_eq!(
+        engine
+            .signal_instance(awaiting, "go", json!(1))
+            .await
+            .unwrap(),
+        true
+    );
     let i = finished(&engine, awaiting).await;
     assert_eq!(steps(&i), ["start", "wait", "after"]);
     assert_eq!(finished(&engine, later).await.status, Status::Completed);

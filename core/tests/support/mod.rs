@@ -19,7 +19,9 @@ pub fn url() -> String {
             // Started on a thread of its own: the server outlives any one test's runtime.
             std::thread::spawn(|| {
                 let rt = tokio::runtime::Runtime::new().unwrap();
-                let pg = rt.block_on(TempPostgres::start()).expect("start a throwaway Postgres");
+                let pg = rt
+                    .block_on(TempPostgres::start())
+                    .expect("start a throwaway Postgres");
                 (pg.url(), Some(pg))
             })
             .join()
@@ -75,4 +77,80 @@ pub async fn count(pool: &sqlx::PgPool, schema: &str, status: &str) -> i64 {
     .fetch_one(pool)
     .await
     .unwrap()
+}
+
+/// An outside observer: steps record their start and end through a pool of
+/// its own. Events are ordered by a sequence, which is monotonic in real time
+/// across connections, so overlaps are exact (no clock resolution ties).
+#[derive(Clone)]
+pub struct Observer {
+    pub pool: sqlx::PgPool,
+    table: String,
+}
+
+impl Observer {
+    pub async fn new(url: &str, schema: &str) -> Observer {
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(40)
+            .connect(url)
+            .await
+            .unwrap();
+        let table = format!("\"{schema}\".observed");
+        sqlx::query(&format!("CREATE SCHEMA IF NOT EXISTS \"{schema}\""))
+            .execute(&pool)
+            .await
+            .unwrap();
+        sqlx::query(&format!(
+            "CREATE TABLE IF NOT EXISTS {table} (seq bigserial PRIMARY KEY, instance bigint NOT NULL,
+             key text NOT NULL, ev text NOT NULL, node text, step text)"
+        ))
+        .execute(&pool)
+        .await
+        .unwrap();
+        Observer { pool, table }
+    }
+
+    pub async fn record(&self, instance: i64, key: &str, ev: &str, step: &str) {
+        sqlx::query(&format!(
+            "INSERT INTO {} (instance, key, ev, step) VALUES ($1, $2, $3, $4)",
+            self.table
+        ))
+        .bind(instance)
+        .bind(key)
+        .bind(ev)
+        .bind(step)
+        .execute(&self.pool)
+        .await
+        .unwrap();
+    }
+
+    /// The largest number of steps ever running at once, per key.
+    pub async fn max_per_key(&self) -> std::collections::HashMap<String, i64> {
+        sqlx::query_as::<_, (String, i64)>(&format!(
+            "SELECT key, max(running)::bigint FROM (
+                 SELECT key, sum(CASE WHEN ev = 'start' THEN 1 ELSE -1 END)
+                        OVER (PARTITION BY key ORDER BY seq) AS running
+                 FROM {}) x GROUP BY key",
+            self.table
+        ))
+        .fetch_all(&self.pool)
+        .await
+        .unwrap()
+        .into_iter()
+        .collect()
+    }
+
+    /// How many times each instance ran `step` to its end.
+    pub async fn ends_of(&self, step: &str) -> std::collections::HashMap<i64, i64> {
+        sqlx::query_as::<_, (i64, i64)>(&format!(
+            "SELECT instance, count(*) FROM {} WHERE ev = 'end' AND step = $1 GROUP BY instance",
+            self.table
+        ))
+        .bind(step)
+        .fetch_all(&self.pool)
+        .await
+        .unwrap()
+        .into_iter()
+        .collect()
+    }
 }

@@ -1,0 +1,168 @@
+//! Faults: a node killed with SIGKILL mid-step, and Postgres restarted mid-run.
+mod support;
+
+use gendurable::embedded::{StopMode, TempPostgres};
+use gendurable::{GateConfig, NewInstance, Status, Transition};
+use serde_json::json;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+/// Child mode: a node whose steps never finish. Run by `node_killed_mid_step`.
+#[tokio::test]
+async fn child_node_that_hangs() {
+    let (Ok(url), Ok(schema)) = (
+        std::env::var("GD_CHILD_URL"),
+        std::env::var("GD_CHILD_SCHEMA"),
+    ) else {
+        return; // not in child mode
+    };
+    let engine = support::builder(&url, &schema)
+        .node_id("doomed")
+        .queue("default", 10)
+        .concurrency_limit("api", GateConfig::new(3))
+        .workflow_fn("Job", |_step, _state, _ctx| async move {
+            std::future::pending::<()>().await;
+            unreachable!()
+        })
+        .start()
+        .await
+        .unwrap();
+    std::future::pending::<()>().await;
+    drop(engine);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_killed_mid_step_is_rescued() {
+    let url = support::url();
+    let schema = support::schema("kill");
+    let survivor = support::builder(&url, &schema)
+        .migrate(true)
+        .queue("default", 10)
+        .concurrency_limit("api", GateConfig::new(3))
+        .workflow_fn("Job", |_step, state, _ctx| async move {
+            Ok(Transition::done(state))
+        })
+        .build()
+        .await
+        .unwrap();
+    // One keyless instance, one K = 1 instance, three on a gate of 3 slots.
+    let mut news = vec![
+        NewInstance::new("Job", json!({})),
+        NewInstance::new("Job", json!({})).concurrency_key("acct:1"),
+    ];
+    news.extend((0..3).map(|_| NewInstance::new("Job", json!({})).concurrency_key("api:x")));
+    let ids = survivor.insert_many(news).await.unwrap();
+
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child_node_that_hangs", "--nocapture"])
+        .env("GD_CHILD_URL", &url)
+        .env("GD_CHILD_SCHEMA", &schema)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pool = survivor.pool().clone();
+    support::eventually(
+        "the child claimed everything",
+        Duration::from_secs(60),
+        || {
+            let (pool, schema) = (pool.clone(), schema.clone());
+            async move { support::count(&pool, &schema, "executing").await == 5 }
+        },
+    )
+    .await;
+    let slots: i64 = sqlx::query_scalar(&format!(
+        "SELECT sum(available) FROM \"{schema}\".gate_slots"
+    ))
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(slots, 0, "the gate is full while the child runs");
+
+    // SIGKILL: no outcome, no shutdown, no goodbye.
+    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+    child.wait().unwrap();
+
+    survivor.start().await.unwrap();
+    for &id in &ids {
+        let s = survivor.clone();
+        support::eventually("rescued and completed", Duration::from_secs(60), || {
+            let s = s.clone();
+            async move { s.get(id).await.unwrap().status == Status::Completed }
+        })
+        .await;
+        let i = survivor.get(id).await.unwrap();
+        assert_eq!(i.errors.len(), 1);
+        assert_eq!(i.errors[0]["kind"], "lost");
+        assert_eq!(i.errors[0]["node"], "doomed");
+    }
+    assert!(survivor.stats().snapshot().rescued >= 1);
+    survivor.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_restart_mid_run_loses_nothing() {
+    let mut pg = TempPostgres::start().await.unwrap();
+    let url = pg.url();
+    let schema = support::schema("pgrestart");
+    let mut nodes = Vec::new();
+    for _ in 0..2 {
+        nodes.push(
+            support::builder(&url, &schema)
+                .lease(Duration::from_secs(30))
+                .heartbeat_interval(Duration::from_secs(1))
+                .queue("default", 8)
+                .workflow_fn("Three", |step, state, _ctx| async move {
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                    Ok(match step.as_str() {
+                        "start" => Transition::next("middle", state),
+                        "middle" => Transition::next("finish", state),
+                        _ => Transition::done(state),
+                    })
+                })
+                .start()
+                .await
+                .unwrap(),
+        );
+    }
+    let n = 1200;
+    let news = (0..n)
+        .map(|i| NewInstance::new("Three", json!({ "i": i })))
+        .collect();
+    nodes[0].insert_many(news).await.unwrap();
+    let pool = nodes[0].pool().clone();
+    support::eventually("some work done", Duration::from_secs(60), || {
+        let (pool, schema) = (pool.clone(), schema.clone());
+        async move { support::count(&pool, &schema, "completed").await >= 100 }
+    })
+    .await;
+
+    // A crash-restart: in-flight statements fail, connections break.
+    pg.restart_with(StopMode::Immediate).await.unwrap();
+
+    support::eventually(
+        "everything completed after the restart",
+        Duration::from_secs(120),
+        || {
+            let (pool, schema) = (pool.clone(), schema.clone());
+            async move {
+                sqlx::query_scalar::<_, i64>(&format!(
+                    "SELECT count(*) FROM \"{schema}\".instances WHERE status = 'completed'"
+                ))
+                .fetch_one(&pool)
+                .await
+                .map(|c| c == n as i64)
+                .unwrap_or(false)
+            }
+        },
+    )
+    .await;
+    let total: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM \"{schema}\".instances"))
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(total, n as i64, "nothing lost, nothing duplicated");
+    for e in nodes {
+        e.shutdown().await.unwrap();
+    }
+}
