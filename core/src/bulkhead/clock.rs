@@ -1,0 +1,181 @@
+//! The monotonic clock behind slot deadlines.
+//!
+//! Deadlines are kept in ticks of 2^20 ns (about 1.05 ms): plenty for a
+//! reclaim timeout that is normally seconds, and small enough that 40 bits
+//! cover 36 years of uptime, which leaves the other 24 bits of a slot word for
+//! the generation.
+//!
+//! On Linux the ticks come from `CLOCK_MONOTONIC_COARSE`, which the vDSO
+//! answers from a value the kernel updates once per timer interrupt, without
+//! reading the hardware clock: several times cheaper than `Instant::now`. Its
+//! granularity (one jiffy, 1 to 10 ms) is accounted for when a deadline is
+//! computed, so a slot is never reclaimed before `reclaim_after` has really
+//! elapsed.
+
+use std::time::Duration;
+
+/// log2 of the tick length in nanoseconds.
+pub(crate) const TICK_SHIFT: u32 = 20;
+/// Tick length in nanoseconds.
+pub(crate) const TICK_NANOS: u64 = 1 << TICK_SHIFT;
+
+/// Number of ticks to add to "now" so that a deadline is at least
+/// `reclaim_after` away in real time.
+///
+/// The clock reading can lag real time by up to `granularity`, and a tick
+/// boundary can fall just after the reading, hence both are added.
+pub(crate) fn reclaim_ticks(reclaim_after: Duration, granularity: Duration) -> u64 {
+    let nanos = reclaim_after.as_nanos() + granularity.as_nanos();
+    let ticks = nanos.div_ceil(TICK_NANOS as u128) as u64;
+    ticks + 1
+}
+
+/// Converts a number of ticks into a duration.
+pub(crate) fn ticks_to_duration(ticks: u64) -> Duration {
+    Duration::from_nanos(ticks.saturating_mul(TICK_NANOS))
+}
+
+#[cfg(not(gendurable_loom))]
+pub(crate) use real::Clock;
+
+#[cfg(not(gendurable_loom))]
+mod real {
+    use std::time::Duration;
+
+    /// The process-wide coarse monotonic clock. A zero-sized handle, so that
+    /// the loom build can swap in a clock the model controls.
+    #[derive(Debug, Default)]
+    pub(crate) struct Clock;
+
+    impl Clock {
+        pub(crate) fn new() -> Self {
+            Clock
+        }
+
+        /// Current time in ticks. Always at least 1, so that a deadline is
+        /// never 0 (0 marks a released slot).
+        #[inline]
+        pub(crate) fn now(&self) -> u64 {
+            imp::now_nanos() >> super::TICK_SHIFT
+        }
+
+        /// How far a reading may lag real time.
+        pub(crate) fn granularity(&self) -> Duration {
+            imp::granularity()
+        }
+    }
+
+    #[cfg(target_os = "linux")]
+    mod imp {
+        use std::time::Duration;
+
+        #[inline]
+        pub(super) fn now_nanos() -> u64 {
+            let mut ts = libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            };
+            // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC_COARSE
+            // exists on every Linux since 2.6.32, so the call cannot fail.
+            unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
+            (ts.tv_sec as u64)
+                .wrapping_mul(1_000_000_000)
+                .wrapping_add(ts.tv_nsec as u64)
+        }
+
+        pub(super) fn granularity() -> Duration {
+            let mut ts = libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            };
+            // SAFETY: as above.
+            let rc = unsafe { libc::clock_getres(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
+            if rc != 0 {
+                // Be pessimistic: the slowest kernel tick rate is 100 Hz.
+                return Duration::from_millis(10);
+            }
+            Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+        }
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    mod imp {
+        use std::sync::OnceLock;
+        use std::time::{Duration, Instant};
+
+        static EPOCH: OnceLock<Instant> = OnceLock::new();
+
+        #[inline]
+        pub(super) fn now_nanos() -> u64 {
+            let epoch = *EPOCH.get_or_init(Instant::now);
+            // Start one tick in, so that `now()` is never 0.
+            epoch.elapsed().as_nanos() as u64 + super::super::TICK_NANOS
+        }
+
+        pub(super) fn granularity() -> Duration {
+            Duration::ZERO
+        }
+    }
+}
+
+#[cfg(gendurable_loom)]
+pub(crate) use model::Clock;
+
+#[cfg(gendurable_loom)]
+mod model {
+    use loom::sync::atomic::{AtomicU64, Ordering};
+    use std::time::Duration;
+
+    /// A clock that only moves when the model test says so, so that expiry is
+    /// an explored event rather than wall-clock luck.
+    #[derive(Debug)]
+    pub(crate) struct Clock {
+        now: AtomicU64,
+    }
+
+    impl Clock {
+        pub(crate) fn new() -> Self {
+            Clock {
+                now: AtomicU64::new(1),
+            }
+        }
+
+        #[inline]
+        pub(crate) fn now(&self) -> u64 {
+            self.now.load(Ordering::Acquire)
+        }
+
+        pub(crate) fn granularity(&self) -> Duration {
+            Duration::ZERO
+        }
+
+        pub(crate) fn advance(&self, ticks: u64) {
+            self.now.fetch_add(ticks, Ordering::AcqRel);
+        }
+    }
+}
+
+#[cfg(all(test, not(gendurable_loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reclaim_ticks_cover_the_timeout_and_the_granularity() {
+        let t = reclaim_ticks(Duration::from_millis(50), Duration::from_millis(4));
+        // Any reading lags by less than a tick plus the granularity, so the
+        // real time between a deadline's computation and its passing is at
+        // least (ticks - 1) ticks minus the granularity.
+        let min_real = ticks_to_duration(t - 1).saturating_sub(Duration::from_millis(4));
+        assert!(min_real >= Duration::from_millis(50), "{min_real:?}");
+        assert_eq!(reclaim_ticks(Duration::from_nanos(1), Duration::ZERO), 2);
+    }
+
+    #[test]
+    fn clock_is_monotonic_and_never_zero() {
+        let c = Clock::new();
+        let a = c.now();
+        let b = c.now();
+        assert!(a >= 1);
+        assert!(b >= a);
+    }
+}
