@@ -1,0 +1,263 @@
+//! Bad input gets typed, clear errors and writes nothing; big batches insert
+//! in one call; an instance of a workflow nobody runs is kept, not lost.
+mod support;
+
+use gendurable::{Engine, Error, GateConfig, NewInstance, RateConfig, Status, Transition};
+use serde_json::json;
+use std::time::Duration;
+
+fn field_of(e: Error) -> (&'static str, String) {
+    match e {
+        Error::InvalidInput { field, reason } => (field, reason),
+        other => panic!("expected InvalidInput, got {other:?}"),
+    }
+}
+
+async fn client(schema: &str) -> Engine {
+    support::builder(&support::url(), schema)
+        .rate_limit("openai", RateConfig::new(10, Duration::from_secs(1)))
+        .build()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn bad_input_is_rejected_and_writes_nothing() {
+    let schema = support::schema("input");
+    let engine = client(&schema).await;
+    let ok = || NewInstance::new("W", json!({"a": 1}));
+    let cases: Vec<(NewInstance, &str, &str)> = vec![
+        (NewInstance::new("W", json!([1, 2])), "state", "JSON object"),
+        (
+            NewInstance::new("W", json!("text")),
+            "state",
+            "got a string",
+        ),
+        (
+            NewInstance::new("W", json!({"a": "nul\u{0}"})),
+            "state",
+            "NUL",
+        ),
+        (NewInstance::new("", json!({})), "workflow", "empty"),
+        (
+            NewInstance::new("x".repeat(300), json!({})),
+            "workflow",
+            "limit is 255",
+        ),
+        (NewInstance::new("W\0", json!({})), "workflow", "NUL"),
+        (ok().step(""), "step", "empty"),
+        (ok().queue("q".repeat(256)), "queue", "limit"),
+        (ok().priority(10), "priority", "0 to 9"),
+        (ok().max_attempts(0), "max_attempts", "at least 1"),
+        (ok().concurrency_key(""), "concurrency_key", "empty"),
+        (ok().concurrency_key(":7"), "concurrency_key", "empty name"),
+        (ok().concurrency_key("a\0b"), "concurrency_key", "NUL"),
+        (
+            ok().concurrency_key("k".repeat(2000)),
+            "concurrency_key",
+            "limit",
+        ),
+        (
+            ok().rate_limit("unknown:1"),
+            "rate_limit",
+            "no rate limit named \"unknown\"",
+        ),
+    ];
+    for (new, field, words) in cases {
+        let (f, reason) = field_of(engine.insert(new).await.unwrap_err());
+        assert_eq!(f, field);
+        assert!(
+            reason.contains(words),
+            "{field}: {reason:?} should say {words:?}"
+        );
+    }
+    // One bad row in a batch: nothing of the batch is inserted.
+    let err = engine
+        .insert_many(vec![ok(), ok(), NewInstance::new("W", json!(null))])
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("instance 2 of 3; nothing was inserted"),
+        "{err}"
+    );
+    let n: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM \"{schema}\".instances"))
+        .fetch_one(engine.pool())
+        .await
+        .unwrap();
+    assert_eq!(n, 0);
+    // Signals too.
+    assert_eq!(
+        field_of(engine.signal("", json!(1)).await.unwrap_err()).0,
+        "signal"
+    );
+    assert_eq!(
+        field_of(engine.signal("s", json!("\u{0}")).await.unwrap_err()).0,
+        "payload"
+    );
+    assert!(matches!(engine.get(42).await, Err(Error::NotFound(42))));
+}
+
+#[tokio::test]
+async fn invalid_config_is_rejected() {
+    let url = support::url();
+    let cases: Vec<(gendurable::EngineBuilder, &str)> = vec![
+        (
+            Engine::builder().url(&url).queue("default", 0),
+            "concurrency must be at least 1",
+        ),
+        (Engine::builder().url(&url).schema("Bad-Schema"), "schema"),
+        (
+            Engine::builder()
+                .url(&url)
+                .concurrency_limit("stripe", GateConfig::new(0)),
+            "limit must be at least 1",
+        ),
+        (
+            Engine::builder()
+                .url(&url)
+                .concurrency_limit("stripe", GateConfig::new(5).shards(0)),
+            "shards must be at least 1",
+        ),
+        (
+            Engine::builder()
+                .url(&url)
+                .concurrency_limit("s", GateConfig::new(1))
+                .concurrency_limit("s", GateConfig::new(2)),
+            "configured twice",
+        ),
+        (
+            Engine::builder()
+                .url(&url)
+                .rate_limit("r", RateConfig::new(0, Duration::from_secs(1))),
+            "limit must be at least 1",
+        ),
+        (
+            Engine::builder()
+                .url(&url)
+                .rate_limit("r", RateConfig::new(1, Duration::ZERO)),
+            "period",
+        ),
+        (
+            Engine::builder()
+                .url(&url)
+                .concurrency_limit("a:b", GateConfig::new(1)),
+            "not a key name",
+        ),
+        (
+            Engine::builder().url(&url).lease(Duration::from_secs(1)),
+            "lease",
+        ),
+        (Engine::builder(), "no database"),
+        (Engine::builder().url("not a url"), "database url"),
+    ];
+    for (builder, words) in cases {
+        match builder.build().await {
+            Err(Error::InvalidConfig(msg)) => {
+                assert!(msg.contains(words), "{msg:?} should say {words:?}")
+            }
+            Err(other) => panic!("expected InvalidConfig({words}), got {other:?}"),
+            Ok(_) => panic!("expected InvalidConfig({words}), got an engine"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn insert_many_ten_thousand_in_one_call() {
+    let schema = support::schema("many");
+    let engine = client(&schema).await;
+    let news: Vec<_> = (0..10_000)
+        .map(|i| NewInstance::new("W", json!({ "i": i })).concurrency_key(("acct", i % 100)))
+        .collect();
+    let ids = engine.insert_many(news).await.unwrap();
+    assert_eq!(ids.len(), 10_000);
+    assert!(
+        ids.windows(2).all(|w| w[0] < w[1]),
+        "ids come back in insert order"
+    );
+    let first = engine.get(ids[0]).await.unwrap();
+    let last = engine.get(ids[9_999]).await.unwrap();
+    assert_eq!(
+        (first.state["i"].as_i64(), last.state["i"].as_i64()),
+        (Some(0), Some(9_999))
+    );
+    assert_eq!(last.concurrency_key.as_deref(), Some("acct:99"));
+    assert_eq!(
+        support::count(engine.pool(), &schema, "available").await,
+        10_000
+    );
+}
+
+#[tokio::test]
+async fn insert_inside_the_callers_transaction() {
+    let schema = support::schema("tx");
+    let engine = client(&schema).await;
+    let mut tx = engine.pool().begin().await.unwrap();
+    let ids = engine
+        .insert_many_in(&mut *tx, vec![NewInstance::new("W", json!({}))])
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+    assert!(matches!(engine.get(ids[0]).await, Err(Error::NotFound(_))));
+    let mut tx = engine.pool().begin().await.unwrap();
+    let ids = engine
+        .insert_many_in(&mut *tx, vec![NewInstance::new("W", json!({}))])
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(engine.get(ids[0]).await.unwrap().status, Status::Available);
+}
+
+#[tokio::test]
+async fn unknown_workflow_waits_for_a_node_that_knows_it() {
+    let url = support::url();
+    let schema = support::schema("unknown");
+    let other = support::builder(&url, &schema)
+        .queue("default", 4)
+        .workflow_fn("Known", |_s, state, _c| async move {
+            Ok(Transition::done(state))
+        })
+        .start()
+        .await
+        .unwrap();
+    let orphan = other
+        .insert(NewInstance::new("Orphan", json!({})))
+        .await
+        .unwrap();
+    let known = other
+        .insert(NewInstance::new("Known", json!({})))
+        .await
+        .unwrap();
+    let o = other.clone();
+    support::eventually("the known one ran", Duration::from_secs(10), || {
+        let o = o.clone();
+        async move { o.get(known).await.unwrap().status == Status::Completed }
+    })
+    .await;
+    // Several picks later the orphan is untouched: never claimed, never lost.
+    let picks = other.stats().snapshot().picks;
+    let o = other.clone();
+    support::eventually("more picks", Duration::from_secs(10), || {
+        let o = o.clone();
+        async move { o.stats().snapshot().picks > picks + 2 }
+    })
+    .await;
+    let i = other.get(orphan).await.unwrap();
+    assert_eq!((i.status, i.attempt), (Status::Available, 0));
+    let runner = support::builder(&url, &schema)
+        .queue("default", 1)
+        .workflow_fn("Orphan", |_s, state, _c| async move {
+            Ok(Transition::done(state))
+        })
+        .start()
+        .await
+        .unwrap();
+    let r = runner.clone();
+    support::eventually("the orphan ran", Duration::from_secs(10), || {
+        let r = r.clone();
+        async move { r.get(orphan).await.unwrap().status == Status::Completed }
+    })
+    .await;
+    other.shutdown().await.unwrap();
+    runner.shutdown().await.unwrap();
+}
