@@ -211,7 +211,11 @@ fn config_name(section: &str, name: &str) -> Result<()> {
 
 fn default_node_id() -> String {
     let host = hostname();
-    format!("{host}-{}-{:08x}", std::process::id(), rand::random::<u32>())
+    format!(
+        "{host}-{}-{:08x}",
+        std::process::id(),
+        rand::random::<u32>()
+    )
 }
 
 /// This machine's host name, for node ids and `status`.
@@ -241,7 +245,8 @@ mod tests {
         assert!(c.validate().is_err());
 
         let mut c = EngineConfig::default();
-        c.gates.insert("stripe".into(), GateConfig::new(5).shards(0));
+        c.gates
+            .insert("stripe".into(), GateConfig::new(5).shards(0));
         assert!(c.validate().is_err());
 
         let mut c = EngineConfig::default();

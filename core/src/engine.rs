@@ -302,7 +302,11 @@ impl Engine {
     /// Insert inside the caller's own transaction or connection:
     /// `engine.insert_many_in(&mut *tx, news)`. The instances become visible,
     /// and wake the pickers, when that transaction commits.
-    pub async fn insert_many_in<'c, E>(&self, executor: E, news: Vec<NewInstance>) -> Result<Vec<i64>>
+    pub async fn insert_many_in<'c, E>(
+        &self,
+        executor: E,
+        news: Vec<NewInstance>,
+    ) -> Result<Vec<i64>>
     where
         E: sqlx::Executor<'c, Database = Postgres>,
     {

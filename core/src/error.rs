@@ -1,6 +1,5 @@
 //! The one error type of the public API.
 
-
 /// Everything that can go wrong in a call to the engine.
 ///
 /// Input errors ([`Error::InvalidInput`], [`Error::InvalidConfig`]) are raised

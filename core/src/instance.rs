@@ -42,7 +42,10 @@ impl Status {
 
     /// Whether the instance is finished for good.
     pub fn is_final(self) -> bool {
-        matches!(self, Status::Completed | Status::Cancelled | Status::Discarded)
+        matches!(
+            self,
+            Status::Completed | Status::Cancelled | Status::Discarded
+        )
     }
 
     pub(crate) fn parse(s: &str) -> Status {

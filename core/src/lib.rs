@@ -24,7 +24,9 @@ pub use async_trait::async_trait;
 pub use config::{EngineConfig, GateConfig, RateConfig};
 pub use engine::{Cancelled, Engine, EngineBuilder};
 pub use error::{Error, Result};
-pub use instance::{Instance, NewInstance, Status, DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, DEFAULT_STEP};
+pub use instance::{
+    Instance, NewInstance, Status, DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, DEFAULT_STEP,
+};
 pub use stats::{Stats, StatsSnapshot};
 pub use transition::{AwaitOn, ConcurrencyKey, KeyChange, NextOptions, Transition, Wake};
 pub use workflow::{BoxError, FnWorkflow, StepContext, StepResult, Workflow};

@@ -119,7 +119,10 @@ impl Node {
         }
         sh.steps.close();
         let timeout = inner.cfg.shutdown_timeout;
-        if tokio::time::timeout(timeout, sh.steps.wait()).await.is_err() {
+        if tokio::time::timeout(timeout, sh.steps.wait())
+            .await
+            .is_err()
+        {
             let running: Vec<AbortHandle> = lock(&sh.running).drain().map(|(_, h)| h).collect();
             tracing::warn!(
                 steps = running.len(),
@@ -241,7 +244,8 @@ async fn pick(sh: &Shared, queue: &str, demand: usize) -> Result<Vec<Claimed>> {
                 return Ok(claimed);
             }
             Err(sqlx::Error::Database(db))
-                if db.code().as_deref() == Some("23505") || db.code().as_deref() == Some("40P01") =>
+                if db.code().as_deref() == Some("23505")
+                    || db.code().as_deref() == Some("40P01") =>
             {
                 Stats::add(&inner.stats.pick_conflicts, 1);
             }
@@ -362,7 +366,12 @@ async fn write_outcomes(
                     batch.push(o);
                 }
                 for chunk in batch.chunks(MAX_OUTCOME_BATCH) {
-                    write_batch(&sh, chunk.to_vec(), Some(Instant::now() + sh.inner.cfg.shutdown_timeout)).await;
+                    write_batch(
+                        &sh,
+                        chunk.to_vec(),
+                        Some(Instant::now() + sh.inner.cfg.shutdown_timeout),
+                    )
+                    .await;
                 }
                 return;
             }

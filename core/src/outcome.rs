@@ -204,7 +204,8 @@ impl OutcomeRow {
             }
             Transition::Error { reason, detail } => {
                 let last = c.attempt >= c.max_attempts;
-                let mut row = OutcomeRow::base(c, kind, if last { "discarded" } else { "scheduled" });
+                let mut row =
+                    OutcomeRow::base(c, kind, if last { "discarded" } else { "scheduled" });
                 if !last {
                     row.delay = Some(backoff(cfg, c.attempt).as_secs_f64());
                 }

@@ -19,11 +19,17 @@ pub fn name(field: &'static str, value: &str) -> Result<()> {
     if value.len() > MAX_NAME_BYTES {
         return Err(Error::input(
             field,
-            format!("is {} bytes long; the limit is {MAX_NAME_BYTES}", value.len()),
+            format!(
+                "is {} bytes long; the limit is {MAX_NAME_BYTES}",
+                value.len()
+            ),
         ));
     }
     if value.chars().any(char::is_control) {
-        return Err(Error::input(field, "must not contain NUL or control characters"));
+        return Err(Error::input(
+            field,
+            "must not contain NUL or control characters",
+        ));
     }
     Ok(())
 }
@@ -37,7 +43,10 @@ pub fn key(field: &'static str, value: &str) -> Result<()> {
     if value.len() > MAX_KEY_BYTES {
         return Err(Error::input(
             field,
-            format!("is {} bytes long; the limit is {MAX_KEY_BYTES}", value.len()),
+            format!(
+                "is {} bytes long; the limit is {MAX_KEY_BYTES}",
+                value.len()
+            ),
         ));
     }
     if value.contains('\0') {
@@ -67,7 +76,10 @@ pub fn state(field: &'static str, value: &Value) -> Result<()> {
         ));
     }
     if has_nul(value) {
-        return Err(Error::input(field, "must not contain NUL (\\u0000) characters"));
+        return Err(Error::input(
+            field,
+            "must not contain NUL (\\u0000) characters",
+        ));
     }
     Ok(())
 }
@@ -86,7 +98,10 @@ pub fn state_size(field: &'static str, serialised_len: usize) -> Result<()> {
 /// Any JSON value (a signal payload): no NUL characters.
 pub fn payload(field: &'static str, value: &Value) -> Result<()> {
     if has_nul(value) {
-        return Err(Error::input(field, "must not contain NUL (\\u0000) characters"));
+        return Err(Error::input(
+            field,
+            "must not contain NUL (\\u0000) characters",
+        ));
     }
     Ok(())
 }

@@ -77,7 +77,9 @@ impl FnWorkflow {
         F: Fn(String, Value, StepContext) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = StepResult> + Send + 'static,
     {
-        FnWorkflow(Arc::new(move |step, state, ctx| Box::pin(f(step, state, ctx))))
+        FnWorkflow(Arc::new(move |step, state, ctx| {
+            Box::pin(f(step, state, ctx))
+        }))
     }
 }
 
