@@ -1,0 +1,1 @@
+//! The Elixir NIF (work in progress).

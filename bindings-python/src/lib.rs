@@ -1,0 +1,1 @@
+//! The Python extension (work in progress).
