@@ -19,9 +19,16 @@
 //! # }
 //! ```
 //!
+//! The async functions need a Tokio runtime; process work runs on
+//! `tokio::process` or the blocking pool. Each cluster listens on
+//! `127.0.0.1` only, allows 300 connections and uses 128 MB of shared
+//! buffers; see [`TempPostgresOptions`] for durability and extra settings.
+//!
 //! # Cleanup
 //!
 //! Dropping a [`TempPostgres`] stops the server and deletes its directory.
+//! `Drop` cannot await, so it waits for `pg_ctl stop` synchronously (usually
+//! well under a second).
 //! Because destructors do not run when a process is killed or leaves through
 //! [`std::process::exit`] (for example a cluster parked in a `static`), every
 //! cluster also gets a small watchdog process. The watchdog blocks reading a
