@@ -1,1 +1,980 @@
-//! The Elixir NIF (work in progress).
+//! The NIF behind the `:gen_durable` Mix package.
+//!
+//! The engine runs in the Rust core on a Tokio runtime owned by this library.
+//! Nothing here waits or touches the network on a normal BEAM scheduler:
+//! calls that do are spawned on the runtime and answer the calling process
+//! with a `{ref, result}` message. Steps are run by Elixir processes: the
+//! workflow adapter sends `{:gen_durable_step, reply, module, step, state,
+//! ctx}` to the engine's dispatcher and waits for `step_reply/2`.
+//!
+//! This crate only converts values, maps errors and bridges callbacks; every
+//! semantic lives in the core.
+
+mod convert;
+
+use convert::{json_to_term, term_to_json};
+use futures::FutureExt;
+use gendurable::bulkhead::{Bulkhead, BulkheadConfig, BulkheadError, OwnedPermit, Wait};
+use gendurable::embedded::TempPostgres;
+use gendurable::{
+    AwaitOn, Cancelled, ConcurrencyKey, Engine, GateConfig, Instance, KeyChange, NewInstance,
+    NextOptions, RateConfig, StepContext, StepResult, Transition, Wake, Workflow,
+};
+use rustler::types::tuple::get_tuple;
+use rustler::{Atom, Encoder, Env, LocalPid, OwnedEnv, ResourceArc, Term};
+use serde_json::Value;
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+use tokio::sync::oneshot;
+
+mod atoms {
+    rustler::atoms! {
+        ok,
+        error,
+        nil,
+        keep,
+        release,
+        set,
+        next,
+        done,
+        await_ = "await",
+        snooze,
+        cancel,
+        signal,
+        timeout,
+        gen_durable_step,
+        saturated,
+        wait,
+        none,
+        not_found,
+        already_replied,
+        now,
+        at_outcome,
+        already_finished,
+        invalid_input,
+        invalid_config,
+        shut_down,
+        database,
+        migrate,
+        embedded,
+        internal,
+        struct_ = "__struct__",
+        id,
+        workflow,
+        queue,
+        attempt,
+        max_attempts,
+        concurrency_key,
+        rate_limit,
+        wake,
+        step,
+        state,
+        priority,
+        status,
+        node,
+        cancel_requested,
+        await_signal,
+        await_until,
+        errors,
+        inserted_at,
+        scheduled_at,
+        attempted_at,
+        finished_at,
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Runtime and replies
+
+fn runtime() -> &'static tokio::runtime::Runtime {
+    static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    RT.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .thread_name("gendurable")
+            .build()
+            .expect("gendurable: cannot start the Tokio runtime")
+    })
+}
+
+/// Builds the reply term in the message's own environment.
+type Reply = Box<dyn for<'a> FnOnce(Env<'a>) -> Term<'a> + Send>;
+
+fn reply<F>(f: F) -> Reply
+where
+    F: for<'a> FnOnce(Env<'a>) -> Term<'a> + Send + 'static,
+{
+    Box::new(f)
+}
+
+fn panic_text(p: Box<dyn std::any::Any + Send>) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic with a non-string payload".into()
+    }
+}
+
+/// Runs `fut` on the runtime and sends `{ref, reply}` to the calling process.
+/// A panic in `fut` becomes `{:error, {:internal, nil, message}}`.
+fn spawn_reply<F>(env: Env, reply_ref: Term, fut: F)
+where
+    F: Future<Output = Reply> + Send + 'static,
+{
+    let pid = env.pid();
+    let owned = OwnedEnv::new();
+    let saved = owned.save(reply_ref);
+    runtime().spawn(async move {
+        let result = AssertUnwindSafe(fut).catch_unwind().await;
+        let mut owned = owned;
+        let _ = owned.send_and_clear(&pid, move |env| {
+            let r = match result {
+                Ok(f) => f(env),
+                Err(p) => internal_error(env, format!("panic in the NIF: {}", panic_text(p))),
+            };
+            (saved.load(env), r).encode(env)
+        });
+    });
+}
+
+/// Like [`spawn_reply`], for futures the compiler cannot prove `Send` (some
+/// sqlx futures trip a higher-ranked lifetime limitation): the future is
+/// built and driven on one of the runtime's blocking threads.
+fn spawn_reply_local<M, F>(env: Env, reply_ref: Term, make: M)
+where
+    M: FnOnce() -> F + Send + 'static,
+    F: Future<Output = Reply> + 'static,
+{
+    let pid = env.pid();
+    let owned = OwnedEnv::new();
+    let saved = owned.save(reply_ref);
+    runtime().spawn_blocking(move || {
+        let result = std::panic::catch_unwind(AssertUnwindSafe(|| runtime().block_on(make())));
+        let mut owned = owned;
+        let _ = owned.send_and_clear(&pid, move |env| {
+            let r = match result {
+                Ok(f) => f(env),
+                Err(p) => internal_error(env, format!("panic in the NIF: {}", panic_text(p))),
+            };
+            (saved.load(env), r).encode(env)
+        });
+    });
+}
+
+// ---------------------------------------------------------------------------
+// Errors: {:error, {kind, field | nil, message}}
+
+fn error_term<'a>(env: Env<'a>, kind: Atom, field: Option<&str>, message: String) -> Term<'a> {
+    (atoms::error(), (kind, field, message)).encode(env)
+}
+
+fn internal_error(env: Env, message: String) -> Term {
+    error_term(env, atoms::internal(), None, message)
+}
+
+fn core_error(e: gendurable::Error) -> Reply {
+    reply(move |env| {
+        let message = e.to_string();
+        match &e {
+            gendurable::Error::InvalidInput { field, reason } => {
+                let _ = reason;
+                error_term(env, atoms::invalid_input(), Some(field), message)
+            }
+            gendurable::Error::InvalidConfig(_) => {
+                error_term(env, atoms::invalid_config(), None, message)
+            }
+            gendurable::Error::NotFound(_) => error_term(env, atoms::not_found(), None, message),
+            gendurable::Error::ShutDown => error_term(env, atoms::shut_down(), None, message),
+            gendurable::Error::Database(_) => error_term(env, atoms::database(), None, message),
+            gendurable::Error::Migrate(_) => error_term(env, atoms::migrate(), None, message),
+            gendurable::Error::Embedded(_) => error_term(env, atoms::embedded(), None, message),
+            _ => internal_error(env, message),
+        }
+    })
+}
+
+fn ok_reply<T>(value: T) -> Reply
+where
+    T: Encoder + Send + 'static,
+{
+    reply(move |env| (atoms::ok(), value).encode(env))
+}
+
+fn input_error<'a>(env: Env<'a>, field: &str, message: impl Into<String>) -> Term<'a> {
+    error_term(env, atoms::invalid_input(), Some(field), message.into())
+}
+
+// ---------------------------------------------------------------------------
+// Resources
+
+/// A running (or built) engine.
+pub struct EngineRes {
+    engine: Engine,
+}
+
+#[rustler::resource_impl]
+impl rustler::Resource for EngineRes {}
+
+/// The reply handle of one step run by Elixir. Dropping it unanswered (the
+/// term was garbage-collected) records an error outcome for the step.
+pub struct StepReply {
+    tx: Mutex<Option<oneshot::Sender<Transition>>>,
+}
+
+#[rustler::resource_impl]
+impl rustler::Resource for StepReply {}
+
+/// A bulkhead permit; released by `bulkhead_release/1` or when garbage-collected.
+pub struct PermitRes {
+    permit: Mutex<Option<OwnedPermit>>,
+}
+
+#[rustler::resource_impl]
+impl rustler::Resource for PermitRes {}
+
+/// A throwaway PostgreSQL cluster; stopped when released or garbage-collected.
+pub struct TempPgRes {
+    pg: Mutex<Option<TempPostgres>>,
+}
+
+#[rustler::resource_impl]
+impl rustler::Resource for TempPgRes {}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+// ---------------------------------------------------------------------------
+// Reading Elixir maps with atom keys
+
+fn field<'a, T: rustler::Decoder<'a>>(map: Term<'a>, key: &str) -> Result<T, String> {
+    let env = map.get_env();
+    let k = Atom::from_str(env, key).map_err(|_| format!("bad key {key}"))?;
+    let v = map
+        .map_get(k)
+        .map_err(|_| format!("missing option {key}"))?;
+    v.decode::<T>()
+        .map_err(|_| format!("option {key} has the wrong type"))
+}
+
+fn ms(v: Option<u64>) -> Option<Duration> {
+    v.map(Duration::from_millis)
+}
+
+// ---------------------------------------------------------------------------
+// The workflow adapter: steps run in Elixir
+
+struct ElixirWorkflow {
+    dispatcher: LocalPid,
+    module: String,
+}
+
+#[gendurable::async_trait]
+impl Workflow for ElixirWorkflow {
+    async fn step(&self, step: &str, state: Value, ctx: StepContext) -> StepResult {
+        let (tx, rx) = oneshot::channel();
+        let handle = ResourceArc::new(StepReply {
+            tx: Mutex::new(Some(tx)),
+        });
+        let sent = {
+            let mut env = OwnedEnv::new();
+            let module = &self.module;
+            env.send_and_clear(&self.dispatcher, |env| {
+                let module = Atom::from_str(env, module)
+                    .map(|a| a.encode(env))
+                    .unwrap_or_else(|_| module.encode(env));
+                (
+                    atoms::gen_durable_step(),
+                    handle.clone(),
+                    module,
+                    step,
+                    json_to_term(env, &state),
+                    context_term(env, &ctx),
+                )
+                    .encode(env)
+            })
+        };
+        // Only the message holds the handle now: if it is dropped unanswered,
+        // the sender goes with it and `rx` fails.
+        drop(handle);
+        if sent.is_err() {
+            return Ok(Transition::Error {
+                reason: "the Elixir dispatcher is not running".into(),
+                detail: None,
+            });
+        }
+        match rx.await {
+            Ok(t) => Ok(t),
+            Err(_) => Ok(Transition::Error {
+                reason: "the Elixir step ended without a reply".into(),
+                detail: None,
+            }),
+        }
+    }
+}
+
+fn context_term<'a>(env: Env<'a>, ctx: &StepContext) -> Term<'a> {
+    let wake = match &ctx.wake {
+        None => atoms::nil().encode(env),
+        Some(Wake::Timeout) => atoms::timeout().encode(env),
+        Some(Wake::Signal { name, payload }) => {
+            (atoms::signal(), name.as_str(), json_to_term(env, payload)).encode(env)
+        }
+    };
+    let keys = [
+        atoms::struct_().encode(env),
+        atoms::id().encode(env),
+        atoms::workflow().encode(env),
+        atoms::queue().encode(env),
+        atoms::attempt().encode(env),
+        atoms::max_attempts().encode(env),
+        atoms::concurrency_key().encode(env),
+        atoms::rate_limit().encode(env),
+        atoms::wake().encode(env),
+    ];
+    let values = [
+        Atom::from_str(env, "Elixir.GenDurable.Context")
+            .unwrap()
+            .encode(env),
+        ctx.id.encode(env),
+        ctx.workflow.encode(env),
+        ctx.queue.encode(env),
+        ctx.attempt.encode(env),
+        ctx.max_attempts.encode(env),
+        ctx.concurrency_key.encode(env),
+        ctx.rate_limit.encode(env),
+        wake,
+    ];
+    Term::map_from_term_arrays(env, &keys, &values).unwrap()
+}
+
+/// Decodes a normalized step result (see `GenDurable.Runner`):
+///
+/// * `{:next, step, state, key_change, rate_limit | nil, delay_ms | nil}`,
+///   key_change = `:keep | :release | {:set, key}`
+/// * `{:done, state}`
+/// * `{:await, step, state, signal | nil, timeout_ms | nil, until_us | nil}`
+/// * `{:snooze, ms}` · `{:error, reason, detail | nil}` · `{:cancel, reason}`
+fn decode_transition(term: Term) -> Result<Transition, String> {
+    let t = get_tuple(term).map_err(|_| "a step result must be a tuple".to_string())?;
+    let tag: Atom = t
+        .first()
+        .ok_or("empty tuple")?
+        .decode()
+        .map_err(|_| "a step result must start with an atom".to_string())?;
+    let text = |i: usize, what: &str| -> Result<String, String> {
+        t[i].decode::<String>()
+            .map_err(|_| format!("{what} must be a string"))
+    };
+    let opt_u64 = |i: usize, what: &str| -> Result<Option<u64>, String> {
+        t[i].decode::<Option<u64>>()
+            .map_err(|_| format!("{what} must be a non-negative integer (milliseconds)"))
+    };
+    let state = |i: usize| -> Result<Value, String> {
+        let v = term_to_json(t[i]).map_err(|e| format!("the state is not JSON: {e}"))?;
+        if !v.is_object() {
+            return Err("the state must be a map".into());
+        }
+        Ok(v)
+    };
+    if tag == atoms::next() && t.len() == 6 {
+        let key = if t[3].decode::<Atom>().ok() == Some(atoms::keep()) {
+            KeyChange::Keep
+        } else if t[3].decode::<Atom>().ok() == Some(atoms::release()) {
+            KeyChange::Release
+        } else {
+            let (_, k): (Atom, String) = t[3]
+                .decode()
+                .map_err(|_| "the concurrency key must be a string".to_string())?;
+            KeyChange::Set(ConcurrencyKey::from(k))
+        };
+        let rate_limit = t[4]
+            .decode::<Option<String>>()
+            .map_err(|_| "rate_limit must be a string".to_string())?;
+        Ok(Transition::next_with(
+            text(1, "the step")?,
+            state(2)?,
+            NextOptions {
+                concurrency_key: key,
+                rate_limit,
+                delay: ms(opt_u64(5, "schedule_in")?),
+            },
+        ))
+    } else if tag == atoms::done() && t.len() == 2 {
+        Ok(Transition::done(state(1)?))
+    } else if tag == atoms::await_() && t.len() == 6 {
+        let signal = t[3]
+            .decode::<Option<String>>()
+            .map_err(|_| "signal must be a string".to_string())?;
+        let until = match t[5]
+            .decode::<Option<i64>>()
+            .map_err(|_| "until must be a DateTime".to_string())?
+        {
+            Some(us) => {
+                Some(chrono::DateTime::from_timestamp_micros(us).ok_or("until is out of range")?)
+            }
+            None => None,
+        };
+        Ok(Transition::await_on(
+            text(1, "the step")?,
+            state(2)?,
+            AwaitOn {
+                signal,
+                timeout: ms(opt_u64(4, "timeout")?),
+                until,
+            },
+        ))
+    } else if tag == atoms::snooze() && t.len() == 2 {
+        let d = t[1]
+            .decode::<u64>()
+            .map_err(|_| "snooze takes non-negative milliseconds".to_string())?;
+        Ok(Transition::snooze(Duration::from_millis(d)))
+    } else if tag == atoms::error() && t.len() == 3 {
+        Ok(Transition::Error {
+            reason: text(1, "the reason")?,
+            detail: t[2]
+                .decode::<Option<String>>()
+                .map_err(|_| "the detail must be a string".to_string())?,
+        })
+    } else if tag == atoms::cancel() && t.len() == 2 {
+        Ok(Transition::cancel(text(1, "the reason")?))
+    } else {
+        Err("not a step result".into())
+    }
+}
+
+/// Completes a step. An undecodable result completes it with an error
+/// outcome saying why, and returns `{:error, message}`.
+#[rustler::nif]
+fn step_reply<'a>(env: Env<'a>, handle: ResourceArc<StepReply>, result: Term<'a>) -> Term<'a> {
+    let Some(tx) = lock(&handle.tx).take() else {
+        return atoms::already_replied().encode(env);
+    };
+    match decode_transition(result) {
+        Ok(t) => {
+            let _ = tx.send(t);
+            atoms::ok().encode(env)
+        }
+        Err(e) => {
+            let reason = format!("invalid step result: {e}");
+            let _ = tx.send(Transition::Error {
+                reason: reason.clone(),
+                detail: None,
+            });
+            (atoms::error(), reason).encode(env)
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Engine lifecycle
+
+fn build_engine(config: Term, dispatcher: LocalPid) -> Result<gendurable::EngineBuilder, String> {
+    let mut b = Engine::builder().url(field::<String>(config, "url")?);
+    if let Some(s) = field::<Option<String>>(config, "schema")? {
+        b = b.schema(s);
+    }
+    if let Some(s) = field::<Option<String>>(config, "node_id")? {
+        b = b.node_id(s);
+    }
+    for (q, n) in field::<Vec<(String, u32)>>(config, "queues")? {
+        b = b.queue(q, n);
+    }
+    for (name, limit, shards) in field::<Vec<(String, u32, u32)>>(config, "gates")? {
+        b = b.concurrency_limit(name, GateConfig::new(limit).shards(shards));
+    }
+    for (name, limit, period, burst) in field::<Vec<(String, u32, u64, u32)>>(config, "rates")? {
+        b = b.rate_limit(
+            name,
+            RateConfig::new(limit, Duration::from_millis(period)).burst(burst),
+        );
+    }
+    for (name, module) in field::<Vec<(String, Atom)>>(config, "workflows")? {
+        let module = module
+            .to_term(config.get_env())
+            .atom_to_string()
+            .map_err(|_| "bad module".to_string())?;
+        b = b.workflow(name, ElixirWorkflow { dispatcher, module });
+    }
+    if let Some(d) = ms(field(config, "poll_interval")?) {
+        b = b.poll_interval(d);
+    }
+    if let Some(d) = ms(field(config, "heartbeat_interval")?) {
+        b = b.heartbeat_interval(d);
+    }
+    if let Some(d) = ms(field(config, "lease")?) {
+        b = b.lease(d);
+    }
+    if let Some(d) = ms(field(config, "shutdown_timeout")?) {
+        b = b.shutdown_timeout(d);
+    }
+    if let Some(d) = ms(field(config, "gc_interval")?) {
+        b = b.gc_interval(d);
+    }
+    if let Some((base, max)) = field::<Option<(u64, u64)>>(config, "backoff")? {
+        b = b.backoff(Duration::from_millis(base), Duration::from_millis(max));
+    }
+    // nil: the default; 0: keep finished instances forever.
+    if let Some(r) = field::<Option<u64>>(config, "retention")? {
+        b = b.retention(if r == 0 {
+            None
+        } else {
+            Some(Duration::from_millis(r))
+        });
+    }
+    if let Some(n) = field::<Option<u32>>(config, "pool_size")? {
+        b = b.max_connections(n);
+    }
+    Ok(b)
+}
+
+/// Builds (validates, connects, migrates) and starts an engine whose Elixir
+/// workflows are dispatched to `dispatcher`. Replies `{:ok, engine}`.
+#[rustler::nif]
+fn engine_start<'a>(
+    env: Env<'a>,
+    config: Term<'a>,
+    dispatcher: LocalPid,
+    start_node: bool,
+    reply_ref: Term<'a>,
+) -> Term<'a> {
+    let builder = match build_engine(config, dispatcher) {
+        Ok(b) => b,
+        Err(e) => return error_term(env, atoms::invalid_config(), None, e),
+    };
+    spawn_reply_local(env, reply_ref, move || async move {
+        let engine = match builder.build().await {
+            Ok(e) => e,
+            Err(e) => return core_error(e),
+        };
+        if start_node {
+            if let Err(e) = engine.start().await {
+                return core_error(e);
+            }
+        }
+        ok_reply(ResourceArc::new(EngineRes { engine }))
+    });
+    atoms::ok().encode(env)
+}
+
+/// Stops the node gracefully (see `Engine::shutdown`). Replies `:ok`.
+#[rustler::nif]
+fn engine_shutdown<'a>(env: Env<'a>, res: ResourceArc<EngineRes>, reply_ref: Term<'a>) -> Atom {
+    spawn_reply(env, reply_ref, async move {
+        match res.engine.shutdown().await {
+            Ok(()) => reply(|env| atoms::ok().encode(env)),
+            Err(e) => core_error(e),
+        }
+    });
+    atoms::ok()
+}
+
+// ---------------------------------------------------------------------------
+// Client calls
+
+fn decode_new(term: Term) -> Result<NewInstance, (String, String)> {
+    let f = |k: &str| (k.to_string(), format!("{k} has the wrong type"));
+    let workflow: String = field(term, "workflow").map_err(|_| f("workflow"))?;
+    let state = term_to_json(term.map_get(atoms::state()).map_err(|_| f("state"))?)
+        .map_err(|e| ("state".to_string(), format!("invalid state: not JSON: {e}")))?;
+    let mut new = NewInstance::new(workflow, state);
+    if let Some(s) = field::<Option<String>>(term, "step").map_err(|_| f("step"))? {
+        new = new.step(s);
+    }
+    if let Some(q) = field::<Option<String>>(term, "queue").map_err(|_| f("queue"))? {
+        new = new.queue(q);
+    }
+    if let Some(p) = field::<Option<i16>>(term, "priority").map_err(|_| f("priority"))? {
+        new = new.priority(p);
+    }
+    if let Some(k) =
+        field::<Option<String>>(term, "concurrency_key").map_err(|_| f("concurrency_key"))?
+    {
+        new = new.concurrency_key(k);
+    }
+    if let Some(r) = field::<Option<String>>(term, "rate_limit").map_err(|_| f("rate_limit"))? {
+        new = new.rate_limit(r);
+    }
+    if let Some(d) = field::<Option<u64>>(term, "schedule_in").map_err(|_| f("schedule_in"))? {
+        new = new.schedule_in(Duration::from_millis(d));
+    }
+    if let Some(us) = field::<Option<i64>>(term, "scheduled_at").map_err(|_| f("scheduled_at"))? {
+        let at = chrono::DateTime::from_timestamp_micros(us).ok_or_else(|| {
+            (
+                "scheduled_at".to_string(),
+                "invalid scheduled_at: out of range".to_string(),
+            )
+        })?;
+        new = new.scheduled_at(at);
+    }
+    if let Some(m) = field::<Option<i32>>(term, "max_attempts").map_err(|_| f("max_attempts"))? {
+        new = new.max_attempts(m);
+    }
+    Ok(new)
+}
+
+/// Inserts instances (maps with every option key present, `nil` when
+/// unset). Replies `{:ok, [id]}`. Converting large states is CPU work, so
+/// this runs on a dirty CPU scheduler.
+#[rustler::nif(schedule = "DirtyCpu")]
+fn insert_many<'a>(
+    env: Env<'a>,
+    res: ResourceArc<EngineRes>,
+    news: Vec<Term<'a>>,
+    reply_ref: Term<'a>,
+) -> Term<'a> {
+    let mut batch = Vec::with_capacity(news.len());
+    let n = news.len();
+    for (i, t) in news.into_iter().enumerate() {
+        match decode_new(t) {
+            Ok(new) => batch.push(new),
+            Err((f, mut m)) => {
+                if n > 1 {
+                    m = format!("{m} (instance {i} of {n}; nothing was inserted)");
+                }
+                return input_error(env, &f, m);
+            }
+        }
+    }
+    spawn_reply(env, reply_ref, async move {
+        match res.engine.insert_many(batch).await {
+            Ok(ids) => ok_reply(ids),
+            Err(e) => core_error(e),
+        }
+    });
+    atoms::ok().encode(env)
+}
+
+fn instance_term<'a>(env: Env<'a>, i: &Instance) -> Term<'a> {
+    let us = |t: &chrono::DateTime<chrono::Utc>| t.timestamp_micros();
+    let errors: Vec<Term> = i.errors.iter().map(|e| json_to_term(env, e)).collect();
+    let pairs: Vec<(Term, Term)> = vec![
+        (
+            atoms::struct_().encode(env),
+            Atom::from_str(env, "Elixir.GenDurable.Instance")
+                .unwrap()
+                .encode(env),
+        ),
+        (atoms::id().encode(env), i.id.encode(env)),
+        (atoms::workflow().encode(env), i.workflow.encode(env)),
+        (atoms::step().encode(env), i.step.encode(env)),
+        (atoms::state().encode(env), json_to_term(env, &i.state)),
+        (atoms::queue().encode(env), i.queue.encode(env)),
+        (atoms::priority().encode(env), i.priority.encode(env)),
+        (
+            atoms::status().encode(env),
+            Atom::from_str(env, i.status.as_str()).unwrap().encode(env),
+        ),
+        (
+            atoms::concurrency_key().encode(env),
+            i.concurrency_key.encode(env),
+        ),
+        (atoms::rate_limit().encode(env), i.rate_limit.encode(env)),
+        (atoms::attempt().encode(env), i.attempt.encode(env)),
+        (
+            atoms::max_attempts().encode(env),
+            i.max_attempts.encode(env),
+        ),
+        (atoms::node().encode(env), i.node.encode(env)),
+        (
+            atoms::cancel_requested().encode(env),
+            i.cancel_requested.encode(env),
+        ),
+        (
+            atoms::await_signal().encode(env),
+            i.await_signal.encode(env),
+        ),
+        (
+            atoms::await_until().encode(env),
+            i.await_until.as_ref().map(us).encode(env),
+        ),
+        (atoms::errors().encode(env), errors.encode(env)),
+        (
+            atoms::inserted_at().encode(env),
+            us(&i.inserted_at).encode(env),
+        ),
+        (
+            atoms::scheduled_at().encode(env),
+            us(&i.scheduled_at).encode(env),
+        ),
+        (
+            atoms::attempted_at().encode(env),
+            i.attempted_at.as_ref().map(us).encode(env),
+        ),
+        (
+            atoms::finished_at().encode(env),
+            i.finished_at.as_ref().map(us).encode(env),
+        ),
+    ];
+    Term::map_from_pairs(env, &pairs).unwrap()
+}
+
+/// Reads an instance. Replies `{:ok, %GenDurable.Instance{}}` (timestamps
+/// as Unix microseconds; the Elixir side turns them into `DateTime`s).
+#[rustler::nif]
+fn get<'a>(env: Env<'a>, res: ResourceArc<EngineRes>, id: i64, reply_ref: Term<'a>) -> Atom {
+    spawn_reply(env, reply_ref, async move {
+        match res.engine.get(id).await {
+            Ok(i) => reply(move |env| (atoms::ok(), instance_term(env, &i)).encode(env)),
+            Err(e) => core_error(e),
+        }
+    });
+    atoms::ok()
+}
+
+/// Wakes every instance awaiting `name`. Replies `{:ok, count}`.
+#[rustler::nif]
+fn signal<'a>(
+    env: Env<'a>,
+    res: ResourceArc<EngineRes>,
+    name: String,
+    payload: Term<'a>,
+    reply_ref: Term<'a>,
+) -> Term<'a> {
+    let payload = match term_to_json(payload) {
+        Ok(p) => p,
+        Err(e) => return input_error(env, "payload", format!("invalid payload: not JSON: {e}")),
+    };
+    spawn_reply(env, reply_ref, async move {
+        match res.engine.signal(&name, payload).await {
+            Ok(n) => ok_reply(n),
+            Err(e) => core_error(e),
+        }
+    });
+    atoms::ok().encode(env)
+}
+
+/// Wakes one awaiting instance. Replies `{:ok, woken?}`.
+#[rustler::nif]
+fn signal_instance<'a>(
+    env: Env<'a>,
+    res: ResourceArc<EngineRes>,
+    id: i64,
+    name: String,
+    payload: Term<'a>,
+    reply_ref: Term<'a>,
+) -> Term<'a> {
+    let payload = match term_to_json(payload) {
+        Ok(p) => p,
+        Err(e) => return input_error(env, "payload", format!("invalid payload: not JSON: {e}")),
+    };
+    spawn_reply(env, reply_ref, async move {
+        match res.engine.signal_instance(id, &name, payload).await {
+            Ok(b) => ok_reply(b),
+            Err(e) => core_error(e),
+        }
+    });
+    atoms::ok().encode(env)
+}
+
+/// Cancels an instance. Replies `{:ok, :now | :at_outcome | {:already_finished, status}}`.
+#[rustler::nif]
+fn cancel<'a>(
+    env: Env<'a>,
+    res: ResourceArc<EngineRes>,
+    id: i64,
+    reason: Option<String>,
+    reply_ref: Term<'a>,
+) -> Atom {
+    spawn_reply(env, reply_ref, async move {
+        let r = match reason {
+            Some(reason) => res.engine.cancel_with_reason(id, &reason).await,
+            None => res.engine.cancel(id).await,
+        };
+        match r {
+            Ok(c) => reply(move |env| {
+                let v = match c {
+                    Cancelled::Now => atoms::now().encode(env),
+                    Cancelled::AtOutcome => atoms::at_outcome().encode(env),
+                    Cancelled::AlreadyFinished(s) => (
+                        atoms::already_finished(),
+                        Atom::from_str(env, s.as_str()).unwrap(),
+                    )
+                        .encode(env),
+                };
+                (atoms::ok(), v).encode(env)
+            }),
+            Err(e) => core_error(e),
+        }
+    });
+    atoms::ok()
+}
+
+// ---------------------------------------------------------------------------
+// Throwaway PostgreSQL (tests, examples)
+
+/// Starts a throwaway cluster. Replies `{:ok, {handle, url}}`.
+#[rustler::nif]
+fn temp_postgres_start<'a>(env: Env<'a>, reply_ref: Term<'a>) -> Atom {
+    spawn_reply(env, reply_ref, async move {
+        match TempPostgres::start().await {
+            Ok(pg) => {
+                let url = pg.url();
+                let res = ResourceArc::new(TempPgRes {
+                    pg: Mutex::new(Some(pg)),
+                });
+                ok_reply((res, url))
+            }
+            Err(e) => core_error(gendurable::Error::Embedded(e)),
+        }
+    });
+    atoms::ok()
+}
+
+/// Stops a throwaway cluster now (it also stops when garbage-collected).
+#[rustler::nif(schedule = "DirtyIo")]
+fn temp_postgres_stop(res: ResourceArc<TempPgRes>) -> Atom {
+    drop(lock(&res.pg).take());
+    atoms::ok()
+}
+
+// ---------------------------------------------------------------------------
+// Bulkhead
+
+/// Registers (or replaces) a bulkhead. `wait_ms`: `nil` sheds at once.
+#[rustler::nif]
+fn bulkhead_configure<'a>(
+    env: Env<'a>,
+    name: String,
+    limit: usize,
+    reclaim_after_ms: u64,
+    wait_ms: Option<u64>,
+) -> Term<'a> {
+    let wait = match wait_ms {
+        None => Wait::None,
+        Some(ms) => Wait::Bounded(Duration::from_millis(ms)),
+    };
+    let config =
+        BulkheadConfig::new(limit, Duration::from_millis(reclaim_after_ms)).with_wait(wait);
+    match Bulkhead::configure(name, config) {
+        Ok(_) => atoms::ok().encode(env),
+        Err(BulkheadError::InvalidConfig(m)) => error_term(env, atoms::invalid_config(), None, m),
+    }
+}
+
+fn permit(p: OwnedPermit) -> ResourceArc<PermitRes> {
+    ResourceArc::new(PermitRes {
+        permit: Mutex::new(Some(p)),
+    })
+}
+
+/// Takes a permit: `{:ok, permit}`, `:saturated`, `:none` (no bulkhead of
+/// that name: calls pass through) or `:wait` (full, with a wait budget: the
+/// answer comes later as `{ref, {:ok, permit} | :saturated}`, from the
+/// runtime, so no scheduler is blocked while waiting).
+#[rustler::nif]
+fn bulkhead_acquire<'a>(env: Env<'a>, name: &str, reply_ref: Term<'a>) -> Term<'a> {
+    let Some(b) = Bulkhead::named(name) else {
+        return atoms::none().encode(env);
+    };
+    match b.try_acquire_owned() {
+        Ok(p) => (atoms::ok(), permit(p)).encode(env),
+        Err(_) if b.wait().is_none() => atoms::saturated().encode(env),
+        Err(_) => {
+            spawn_reply(env, reply_ref, async move {
+                match b.acquire_owned().await {
+                    Ok(p) => ok_reply(permit(p)),
+                    Err(_) => reply(|env| atoms::saturated().encode(env)),
+                }
+            });
+            atoms::wait().encode(env)
+        }
+    }
+}
+
+/// Releases a permit (idempotent).
+#[rustler::nif]
+fn bulkhead_release(p: ResourceArc<PermitRes>) -> Atom {
+    drop(lock(&p.permit).take());
+    atoms::ok()
+}
+
+#[rustler::nif]
+fn bulkhead_in_flight(name: &str) -> usize {
+    Bulkhead::in_flight_of(name)
+}
+
+#[rustler::nif]
+fn bulkhead_limit(name: &str) -> Option<usize> {
+    Bulkhead::limit_of(name)
+}
+
+#[rustler::nif]
+fn bulkhead_reset(name: &str) -> Atom {
+    match Bulkhead::reset_named(name) {
+        Ok(()) => atoms::ok(),
+        Err(_) => atoms::not_found(),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Benchmark: the same no-op workload run by pure Rust workers
+
+/// Runs `n` no-op one-step instances of a Rust workflow with a queue of
+/// `concurrency` on `schema`. Replies `{:ok, {insert_seconds, run_seconds}}`.
+#[rustler::nif]
+fn bench_rust_noop<'a>(
+    env: Env<'a>,
+    url: String,
+    schema: String,
+    n: usize,
+    concurrency: u32,
+    reply_ref: Term<'a>,
+) -> Atom {
+    spawn_reply_local(env, reply_ref, move || async move {
+        match bench(url, schema, n, concurrency).await {
+            Ok(r) => ok_reply(r),
+            Err(e) => core_error(e),
+        }
+    });
+    atoms::ok()
+}
+
+async fn bench(
+    url: String,
+    schema: String,
+    n: usize,
+    concurrency: u32,
+) -> gendurable::Result<(f64, f64)> {
+    let done = Arc::new(AtomicUsize::new(0));
+    let notify = Arc::new(tokio::sync::Notify::new());
+    let (d, w) = (done.clone(), notify.clone());
+    let engine = Engine::builder()
+        .url(url)
+        .schema(schema)
+        .queue("default", concurrency)
+        .workflow_fn("Bench.RustNoop", move |_step, state, _ctx| {
+            let (d, w) = (d.clone(), w.clone());
+            async move {
+                if d.fetch_add(1, Ordering::Relaxed) + 1 >= n {
+                    w.notify_one();
+                }
+                Ok(Transition::done(state))
+            }
+        })
+        .build()
+        .await?;
+    let t0 = Instant::now();
+    for chunk in (0..n).collect::<Vec<_>>().chunks(5000) {
+        let news = chunk
+            .iter()
+            .map(|_| NewInstance::new("Bench.RustNoop", serde_json::json!({})))
+            .collect();
+        engine.insert_many(news).await?;
+    }
+    let inserted = t0.elapsed().as_secs_f64();
+    let t1 = Instant::now();
+    engine.start().await?;
+    while done.load(Ordering::Relaxed) < n {
+        let _ = tokio::time::timeout(Duration::from_millis(100), notify.notified()).await;
+    }
+    engine.shutdown().await?;
+    Ok((inserted, t1.elapsed().as_secs_f64()))
+}
+
+rustler::init!("Elixir.GenDurable.Native");
