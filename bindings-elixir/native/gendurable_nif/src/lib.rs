@@ -977,4 +977,22 @@ async fn bench(
     Ok((inserted, t1.elapsed().as_secs_f64()))
 }
 
-rustler::init!("Elixir.GenDurable.Native");
+/// The BEAM ignores SIGCHLD, which makes the kernel reap child processes
+/// itself, so `waitpid` in `std::process::Command` (used by the throwaway
+/// PostgreSQL to run `initdb` and `pg_ctl`) fails with ECHILD. The BEAM does
+/// not rely on it (ports are spawned by its `erl_child_setup` helper), so the
+/// default disposition is restored when the library loads.
+fn load(_env: Env, _info: Term) -> bool {
+    // SAFETY: reading and setting a signal disposition; no handler is installed.
+    unsafe {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        if libc::sigaction(libc::SIGCHLD, std::ptr::null(), &mut old) == 0
+            && old.sa_sigaction == libc::SIG_IGN
+        {
+            libc::signal(libc::SIGCHLD, libc::SIG_DFL);
+        }
+    }
+    true
+}
+
+rustler::init!("Elixir.GenDurable.Native", load = load);

@@ -1,0 +1,583 @@
+defmodule GenDurable do
+  @moduledoc """
+  A durable step engine on PostgreSQL, run by a Rust core inside the BEAM.
+
+  A workflow is a module with one callback, `c:handle_step/3`, called with
+  the name of the instance's current step, its state (a map with string
+  keys, stored as JSON) and a `GenDurable.Context`. It returns the
+  instance's next move. Each instance is a row; the engine claims runnable
+  rows, runs their step in a supervised Elixir process and writes the
+  transition back in one transaction.
+
+      defmodule Account.Sync do
+        use GenDurable
+
+        @impl true
+        def handle_step("start", state, _ctx) do
+          {:next, "fetch", Map.put(state, "page", 1)}
+        end
+
+        def handle_step("fetch", %{"page" => page} = state, _ctx) when page < 3 do
+          {:next, "fetch", %{state | "page" => page + 1}}
+        end
+
+        def handle_step("fetch", state, _ctx) do
+          # Release the account's key and wait for the user's approval.
+          {:await, "approved", state, signal: "approve:\#{state["account"]}", timeout: 60_000}
+        end
+
+        def handle_step("approved", state, %GenDurable.Context{wake: :timeout}) do
+          {:cancel, "not approved in time"}
+        end
+
+        def handle_step("approved", state, _ctx), do: {:done, state}
+      end
+
+  The workflow is stored under the module's name without `Elixir.`
+  (`"Account.Sync"`), so an instance inserted from Rust or Python under that
+  name runs on this module.
+
+  ## Starting the engine
+
+  Put the engine in your supervision tree:
+
+      children = [
+        {GenDurable,
+         url: "postgres://localhost/app",
+         queues: [default: 10, mailers: 5],
+         concurrency_limits: [stripe: [limit: 100, shards: 10]],
+         rate_limits: [openai: [limit: 100, period: 60_000, burst: 10]],
+         workflows: [Account.Sync]}
+      ]
+
+      Supervisor.start_link(children, strategy: :one_for_one)
+
+  Options:
+
+    * `:name` — the engine's name (default `GenDurable`); client calls take
+      it as `engine: name`.
+    * `:url` — the database URL (default: the `DATABASE_URL` variable).
+    * `:schema` — the schema holding the engine's tables (default `"gendurable"`).
+    * `:queues` — `[queue: concurrency]`: how many steps of each queue this
+      node runs at once. Without queues the engine only inserts, signals and
+      cancels.
+    * `:concurrency_limits` — `[name: [limit: k, shards: s]]`: keys named
+      `name` (`"name:..."`) may run `k` steps at once, cluster-wide. Every
+      other concurrency key is a mutex (K = 1). A name captures every key
+      with that prefix: `order` gates `order:1` and `order:2` alike.
+    * `:rate_limits` — `[name: [limit: n, period: ms, burst: b]]`: steps
+      carrying a rate-limit key named `name` start at most `n` per period.
+    * `:workflows` — the workflow modules this node runs.
+    * `:poll_interval`, `:heartbeat_interval`, `:lease`, `:shutdown_timeout`,
+      `:gc_interval` — milliseconds; `:backoff` — `[base: ms, max: ms]` for
+      retries; `:retention` — how long finished instances are kept (ms or
+      `:infinity`); `:node_id`; `:pool_size` — database connections.
+
+  Unknown options, wrong types and duplicate names are refused before
+  anything starts; the core checks the values (a limit below 1, a lease
+  shorter than two heartbeats, ...). Either way the engine does not start
+  and the error is a `GenDurable.Error`.
+
+  When its supervisor stops it, the engine stops picking, lets running steps
+  finish within `:shutdown_timeout` (default 15 s) and hands back what never
+  started.
+
+  ## Steps
+
+  `c:handle_step/3` returns one of:
+
+    * `{:next, step, state}` or `{:next, step, state, opts}` — run `step`
+      next. Options: `concurrency_key: nil` releases the instance's key,
+      `concurrency_key: key` switches to another one (admitted at the next
+      claim); `rate_limit: key`; `schedule_in: ms` delays the next step.
+      Without `:concurrency_key` the key is kept.
+    * `{:done, state}` — finished.
+    * `{:await, step, state, opts}` — park (holding no slot and no key)
+      until `signal: name` arrives (see `signal/3`), `timeout: ms` passes or
+      `until: %DateTime{}`; then run `step`, whose context's `:wake` says why.
+    * `{:snooze, ms}` — run the same step again later; not an attempt.
+    * `{:error, reason}` — retried with exponential backoff until
+      `max_attempts`, then discarded.
+    * `{:cancel, reason}` — stop for good.
+
+  A raise, a throw or an exit in the step is an error outcome recording the
+  formatted exception and stacktrace. So is a step process killed from
+  outside, or a return value that is none of the above. Steps run in
+  processes of a `Task.Supervisor` owned by the engine, at most each queue's
+  concurrency at once; they never take the VM down.
+
+  ## Concurrency keys
+
+  A concurrency key (`"account:42"`, or `{:account, 42}`) lets at most one
+  step of that key run at a time across every node, unless its name is a
+  gate in `:concurrency_limits`. Keys are held across steps until a
+  transition releases or switches them; an await does not hold its key.
+  The database enforces the limits: no node can break them.
+  """
+
+  alias GenDurable.{Error, Native, Options}
+
+  @typedoc "A concurrency or rate-limit key: a string, or `{name, id}` for `\"name:id\"`."
+  @type key :: String.t() | {atom | String.t(), String.Chars.t()}
+
+  @type step_result ::
+          {:next, String.t(), map}
+          | {:next, String.t(), map,
+             [concurrency_key: key | nil, rate_limit: key, schedule_in: non_neg_integer]}
+          | {:done, map}
+          | {:await, String.t(), map,
+             [signal: String.t(), timeout: non_neg_integer, until: DateTime.t()]}
+          | {:snooze, non_neg_integer}
+          | {:error, term}
+          | {:cancel, term}
+
+  @doc """
+  Runs one step of an instance: `step` is the current step's name, `state`
+  the instance's state (a map with string keys).
+  """
+  @callback handle_step(step :: String.t(), state :: map, ctx :: GenDurable.Context.t()) ::
+              step_result
+
+  defmacro __using__(_opts) do
+    quote do
+      @behaviour GenDurable
+
+      @doc false
+      def __gen_durable_workflow__, do: GenDurable.workflow_name(__MODULE__)
+    end
+  end
+
+  @doc """
+  The workflow name a module is stored under: its name without `Elixir.`.
+
+      iex> GenDurable.workflow_name(Account.Sync)
+      "Account.Sync"
+  """
+  @spec workflow_name(module) :: String.t()
+  def workflow_name(module) when is_atom(module) do
+    case Atom.to_string(module) do
+      "Elixir." <> name -> name
+      name -> name
+    end
+  end
+
+  @doc false
+  def child_spec(opts) do
+    name = if is_list(opts), do: Keyword.get(opts, :name, GenDurable), else: GenDurable
+
+    %{
+      id: name,
+      start: {__MODULE__, :start_link, [opts]},
+      type: :supervisor
+    }
+  end
+
+  @doc """
+  Starts an engine and its step processes under a supervisor registered as
+  the `:name` option. See the module documentation for the options.
+  Returns `{:error, %GenDurable.Error{}}` for invalid options.
+  """
+  @spec start_link(keyword) :: Supervisor.on_start() | {:error, Error.t()}
+  def start_link(opts) do
+    case Options.validate(opts) do
+      {:ok, v} ->
+        case GenDurable.Supervisor.start_link(v) do
+          {:error, {:shutdown, {:failed_to_start_child, _, %Error{} = e}}} -> {:error, e}
+          other -> other
+        end
+
+      {:error, _} = err ->
+        err
+    end
+  end
+
+  # -- Client API ----------------------------------------------------------
+
+  @insert_opts [
+    :state,
+    :step,
+    :queue,
+    :priority,
+    :concurrency_key,
+    :rate_limit,
+    :scheduled_at,
+    :schedule_in,
+    :max_attempts,
+    :engine
+  ]
+
+  @doc """
+  Inserts an instance of `workflow` (a module using `GenDurable`, or a
+  workflow name as a string). Returns `{:ok, id}`.
+
+  Options:
+
+    * `:state` — a map (default `%{}`), stored as JSON: keys become strings
+    * `:step` — the first step (default `"start"`)
+    * `:queue` — default `"default"`
+    * `:priority` — 0 (first, the default) to 9
+    * `:concurrency_key` — `"stripe:7"` or `{:stripe, 7}`
+    * `:rate_limit` — a rate-limit key for the first step
+    * `:schedule_in` (ms) or `:scheduled_at` (`DateTime`)
+    * `:max_attempts` — attempts per step (default 20)
+    * `:engine` — the engine's name (default `GenDurable`)
+
+  ## Example
+
+      {:ok, id} = GenDurable.insert(Account.Sync, state: %{account: 42}, concurrency_key: {:account, 42})
+  """
+  @spec insert(module | String.t(), keyword) :: {:ok, integer} | {:error, Error.t()}
+  def insert(workflow, opts \\ []) do
+    with {:ok, engine} <- engine(opts),
+         {:ok, new} <- new_instance(workflow, opts),
+         {:ok, [id]} <- native(&Native.insert_many(engine, [new], &1)) do
+      {:ok, id}
+    end
+  end
+
+  @doc "Like `insert/2`, raising `GenDurable.Error`."
+  @spec insert!(module | String.t(), keyword) :: integer
+  def insert!(workflow, opts \\ []), do: bang(insert(workflow, opts))
+
+  @doc """
+  Inserts many instances in one round trip: a list of `{workflow, opts}`.
+  All are inserted or none. Returns `{:ok, ids}` in order.
+
+      GenDurable.insert_all(for i <- 1..100, do: {Account.Sync, state: %{account: i}})
+  """
+  @spec insert_all([{module | String.t(), keyword}], keyword) ::
+          {:ok, [integer]} | {:error, Error.t()}
+  def insert_all(instances, opts \\ []) when is_list(instances) do
+    with {:ok, engine} <- engine(opts),
+         {:ok, news} <- new_instances(instances) do
+      case news do
+        [] -> {:ok, []}
+        _ -> native(&Native.insert_many(engine, news, &1))
+      end
+    end
+  end
+
+  @doc "Like `insert_all/2`, raising `GenDurable.Error`."
+  def insert_all!(instances, opts \\ []), do: bang(insert_all(instances, opts))
+
+  @doc """
+  Reads an instance: `{:ok, %GenDurable.Instance{}}`, or an error of kind
+  `:not_found`.
+  """
+  @spec get(integer, keyword) :: {:ok, GenDurable.Instance.t()} | {:error, Error.t()}
+  def get(id, opts \\ []) do
+    with {:ok, engine} <- engine(opts),
+         :ok <- id(id),
+         {:ok, i} <- native(&Native.get(engine, id, &1)) do
+      {:ok, GenDurable.Instance.from_native(i)}
+    end
+  end
+
+  @doc "Like `get/2`, raising `GenDurable.Error`."
+  def get!(id, opts \\ []), do: bang(get(id, opts))
+
+  @doc """
+  Wakes every instance awaiting the signal `name`; their next step sees
+  `{:signal, name, payload}` as the context's `:wake`. Returns
+  `{:ok, woken}`. A signal sent while nothing awaits it is not kept.
+
+      {:ok, 1} = GenDurable.signal("approve:42", %{"by" => "ann"})
+  """
+  @spec signal(String.t(), term, keyword) :: {:ok, non_neg_integer} | {:error, Error.t()}
+  def signal(name, payload \\ %{}, opts \\ []) do
+    with {:ok, engine} <- engine(opts),
+         {:ok, name} <- string(name, :signal) do
+      native(&Native.signal(engine, name, payload, &1))
+    end
+  end
+
+  @doc "Like `signal/3`, raising `GenDurable.Error`."
+  def signal!(name, payload \\ %{}, opts \\ []), do: bang(signal(name, payload, opts))
+
+  @doc """
+  Wakes one awaiting instance by id, whatever signal it awaits. Returns
+  `{:ok, true}` if it was awaiting.
+  """
+  @spec signal_instance(integer, String.t(), term, keyword) ::
+          {:ok, boolean} | {:error, Error.t()}
+  def signal_instance(id, name, payload \\ %{}, opts \\ []) do
+    with {:ok, engine} <- engine(opts),
+         :ok <- id(id),
+         {:ok, name} <- string(name, :signal) do
+      native(&Native.signal_instance(engine, id, name, payload, &1))
+    end
+  end
+
+  @doc """
+  Cancels an instance. Returns `{:ok, :now}` if it was not executing,
+  `{:ok, :at_outcome}` if it is executing (its step's outcome records the
+  cancellation), or `{:ok, {:already_finished, status}}`.
+
+  Options: `:reason` (recorded with the instance), `:engine`.
+  """
+  @spec cancel(integer, keyword) ::
+          {:ok, :now | :at_outcome | {:already_finished, atom}} | {:error, Error.t()}
+  def cancel(id, opts \\ []) do
+    with {:ok, engine} <- engine(opts),
+         :ok <- id(id),
+         {:ok, reason} <- opt_string(Keyword.get(opts, :reason), :reason) do
+      native(&Native.cancel(engine, id, reason, &1))
+    end
+  end
+
+  @doc "Like `cancel/2`, raising `GenDurable.Error`."
+  def cancel!(id, opts \\ []), do: bang(cancel(id, opts))
+
+  # -- Helpers --------------------------------------------------------------
+
+  @doc false
+  # A key as stored: "name:rest", from a string or a {name, id} tuple.
+  def key(k) when is_binary(k), do: {:ok, k}
+
+  def key({name, id}) when (is_atom(name) or is_binary(name)) and name not in [nil, true, false] do
+    if String.Chars.impl_for(id) != nil and not is_nil(id) and not is_map(id) and not is_list(id),
+      do: {:ok, "#{name}:#{id}"},
+      else: :error
+  end
+
+  def key(_), do: :error
+
+  defp engine(opts) do
+    name =
+      if is_list(opts), do: Keyword.get(opts, :engine, GenDurable), else: GenDurable
+
+    case :persistent_term.get({GenDurable, name}, nil) do
+      nil ->
+        {:error,
+         %Error{kind: :not_running, message: "no GenDurable engine named #{inspect(name)} is running"}}
+
+      res ->
+        {:ok, res}
+    end
+  end
+
+  defp native(fun) do
+    case Native.call(fun) do
+      {:error, e} -> {:error, Error.from_native(e)}
+      ok -> ok
+    end
+  end
+
+  defp bang({:ok, v}), do: v
+  defp bang({:error, e}), do: raise(e)
+
+  defp id(id) when is_integer(id), do: :ok
+  defp id(id), do: {:error, Error.input(:id, "invalid id: must be an integer, got: #{inspect(id)}")}
+
+  defp new_instances(list) do
+    list
+    |> Enum.with_index()
+    |> Enum.reduce_while({:ok, []}, fn
+      {{wf, opts}, i}, {:ok, acc} ->
+        case new_instance(wf, opts) do
+          {:ok, new} ->
+            {:cont, {:ok, [new | acc]}}
+
+          {:error, e} ->
+            {:halt,
+             {:error,
+              %{
+                e
+                | message:
+                    "#{e.message} (instance #{i} of #{length(list)}; nothing was inserted)"
+              }}}
+        end
+
+      {other, i}, _ ->
+        {:halt,
+         {:error,
+          Error.input(
+            :instances,
+            "invalid instance #{i}: expected {workflow, opts}, got: #{inspect(other)}"
+          )}}
+    end)
+    |> case do
+      {:ok, acc} -> {:ok, Enum.reverse(acc)}
+      err -> err
+    end
+  end
+
+  defp new_instance(workflow, opts) do
+    with :ok <- insert_opts(opts),
+         {:ok, wf} <- workflow(workflow),
+         {:ok, state} <- insert_state(Keyword.get(opts, :state, %{})),
+         {:ok, step} <- opt_string(Keyword.get(opts, :step), :step),
+         {:ok, queue} <- opt_string(Keyword.get(opts, :queue), :queue),
+         {:ok, priority} <- priority(Keyword.get(opts, :priority)),
+         {:ok, ckey} <- opt_key(Keyword.get(opts, :concurrency_key), :concurrency_key),
+         {:ok, rkey} <- opt_key(Keyword.get(opts, :rate_limit), :rate_limit),
+         {:ok, {delay, at}} <- schedule(opts),
+         {:ok, max} <- max_attempts(Keyword.get(opts, :max_attempts)) do
+      {:ok,
+       %{
+         workflow: wf,
+         state: state,
+         step: step,
+         queue: queue,
+         priority: priority,
+         concurrency_key: ckey,
+         rate_limit: rkey,
+         schedule_in: delay,
+         scheduled_at: at,
+         max_attempts: max
+       }}
+    end
+  end
+
+  defp insert_opts(opts) do
+    cond do
+      not (is_list(opts) and Keyword.keyword?(opts)) ->
+        {:error,
+         Error.input(:options, "invalid options: expected a keyword list, got: #{inspect(opts)}")}
+
+      (unknown = Keyword.keys(opts) -- @insert_opts) != [] ->
+        {:error,
+         Error.input(
+           :options,
+           "unknown option #{inspect(hd(unknown))}; known options: " <>
+             Enum.map_join(@insert_opts, ", ", &inspect/1)
+         )}
+
+      true ->
+        :ok
+    end
+  end
+
+  defp workflow(wf) when is_binary(wf), do: string(wf, :workflow)
+
+  defp workflow(wf) when is_atom(wf) and wf not in [nil, true, false],
+    do: {:ok, workflow_name(wf)}
+
+  defp workflow(wf),
+    do:
+      {:error,
+       Error.input(
+         :workflow,
+         "invalid workflow: expected a module or a name, got: #{inspect(wf)}"
+       )}
+
+  defp insert_state(s) when is_map(s) and not is_struct(s), do: {:ok, s}
+
+  defp insert_state(s),
+    do:
+      {:error,
+       Error.input(:state, "invalid state: must be a map (a JSON object), got: #{inspect(s)}")}
+
+  defp string(s, field) when is_binary(s) do
+    if String.valid?(s),
+      do: {:ok, s},
+      else: {:error, Error.input(field, "invalid #{field}: not valid UTF-8")}
+  end
+
+  defp string(a, field) when is_atom(a) and a not in [nil, true, false],
+    do: string(Atom.to_string(a), field)
+
+  defp string(other, field),
+    do:
+      {:error, Error.input(field, "invalid #{field}: must be a string, got: #{inspect(other)}")}
+
+  defp opt_string(nil, _field), do: {:ok, nil}
+  defp opt_string(s, field), do: string(s, field)
+
+  defp opt_key(nil, _field), do: {:ok, nil}
+
+  defp opt_key(k, field) do
+    case key(k) do
+      {:ok, s} ->
+        string(s, field)
+
+      :error ->
+        {:error,
+         Error.input(
+           field,
+           "invalid #{field}: must be a string or a {name, id} tuple, got: #{inspect(k)}"
+         )}
+    end
+  end
+
+  defp priority(nil), do: {:ok, nil}
+  defp priority(p) when is_integer(p) and p in 0..9, do: {:ok, p}
+
+  defp priority(p),
+    do:
+      {:error,
+       Error.input(
+         :priority,
+         "invalid priority: must be an integer from 0 (first) to 9, got: #{inspect(p)}"
+       )}
+
+  defp max_attempts(nil), do: {:ok, nil}
+  defp max_attempts(n) when is_integer(n) and n > 0 and n < 2_147_483_648, do: {:ok, n}
+
+  defp max_attempts(n),
+    do:
+      {:error,
+       Error.input(
+         :max_attempts,
+         "invalid max_attempts: must be a positive integer, got: #{inspect(n)}"
+       )}
+
+  defp schedule(opts) do
+    case {Keyword.get(opts, :schedule_in), Keyword.get(opts, :scheduled_at)} do
+      {nil, nil} ->
+        {:ok, {nil, nil}}
+
+      {ms, nil} when is_integer(ms) and ms >= 0 ->
+        {:ok, {ms, nil}}
+
+      {ms, nil} ->
+        {:error,
+         Error.input(
+           :schedule_in,
+           "invalid schedule_in: must be non-negative milliseconds, got: #{inspect(ms)}"
+         )}
+
+      {nil, %DateTime{} = at} ->
+        {:ok, {nil, DateTime.to_unix(at, :microsecond)}}
+
+      {nil, at} ->
+        {:error,
+         Error.input(
+           :scheduled_at,
+           "invalid scheduled_at: must be a DateTime, got: #{inspect(at)}"
+         )}
+
+      _ ->
+        {:error,
+         Error.input(:scheduled_at, "invalid scheduled_at: give schedule_in or scheduled_at, not both")}
+    end
+  end
+end
+
+defmodule GenDurable.Supervisor do
+  @moduledoc false
+  # rest_for_one: the step processes' supervisor, the dispatcher, then the
+  # engine; the engine stops first, while its steps can still reply.
+
+  use Supervisor
+
+  def start_link(v), do: Supervisor.start_link(__MODULE__, v, name: v.name)
+
+  @impl true
+  def init(v) do
+    tasks = Module.concat(v.name, Tasks)
+    dispatcher = Module.concat(v.name, Dispatcher)
+    engine = Module.concat(v.name, Engine)
+    args = %{name: v.name, config: v.config, tasks: tasks, dispatcher: dispatcher, engine: engine}
+
+    children = [
+      {Task.Supervisor, name: tasks},
+      {GenDurable.Dispatcher, args},
+      Supervisor.child_spec({GenDurable.Engine, args},
+        shutdown: v.shutdown_timeout + 10_000
+      )
+    ]
+
+    Supervisor.init(children, strategy: :rest_for_one)
+  end
+end

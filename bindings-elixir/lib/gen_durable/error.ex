@@ -1,0 +1,46 @@
+defmodule GenDurable.Error do
+  @moduledoc """
+  The error returned (`{:error, %GenDurable.Error{}}`) or raised (by the bang
+  variants) by every `GenDurable` function.
+
+  * `:kind` says what went wrong:
+    * `:invalid_input` — an argument was refused; nothing was written.
+      `:field` names it (`:state`, `:queue`, `:concurrency_key`, ...).
+    * `:invalid_config` — the engine's configuration was refused.
+    * `:not_found` — no instance has this id.
+    * `:not_running` — no engine of that name is running.
+    * `:shut_down` — the engine is shutting down.
+    * `:database` — the database failed or refused a statement, or the
+      connection broke. Retrying later may succeed.
+    * `:migrate`, `:embedded`, `:internal` — schema migrations, the
+      throwaway PostgreSQL, or a bug.
+  * `:message` is a sentence for humans.
+
+  ## Example
+
+      iex> {:error, error} = GenDurable.insert(MyApp.Sync, state: [1, 2])
+      iex> error.kind
+      :invalid_input
+      iex> error.field
+      :state
+  """
+
+  defexception [:kind, :field, :message]
+
+  @type t :: %__MODULE__{kind: atom, field: atom | nil, message: String.t()}
+
+  @doc false
+  def from_native({kind, field, message}) do
+    %__MODULE__{kind: kind, field: field_atom(field), message: message}
+  end
+
+  @doc false
+  def input(field, message), do: %__MODULE__{kind: :invalid_input, field: field, message: message}
+
+  @doc false
+  def config(message), do: %__MODULE__{kind: :invalid_config, message: message}
+
+  defp field_atom(nil), do: nil
+  defp field_atom(f) when is_binary(f), do: String.to_atom(f)
+  defp field_atom(f), do: f
+end

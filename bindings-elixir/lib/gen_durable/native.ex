@@ -1,0 +1,51 @@
+defmodule GenDurable.Native do
+  @moduledoc false
+  # The NIF. Functions that touch the network or wait return at once and
+  # answer later with a `{ref, result}` message (see `GenDurable.Native.await/1`).
+
+  @on_load :load_nif
+
+  def load_nif do
+    path = :filename.join(:code.priv_dir(:gen_durable), ~c"libgendurable_nif")
+    :erlang.load_nif(path, 0)
+  end
+
+  defp nif, do: :erlang.nif_error(:gen_durable_nif_not_loaded)
+
+  def engine_start(_config, _dispatcher, _start_node, _ref), do: nif()
+  def engine_shutdown(_engine, _ref), do: nif()
+  def step_reply(_handle, _result), do: nif()
+  def insert_many(_engine, _news, _ref), do: nif()
+  def get(_engine, _id, _ref), do: nif()
+  def signal(_engine, _name, _payload, _ref), do: nif()
+  def signal_instance(_engine, _id, _name, _payload, _ref), do: nif()
+  def cancel(_engine, _id, _reason, _ref), do: nif()
+  def temp_postgres_start(_ref), do: nif()
+  def temp_postgres_stop(_pg), do: nif()
+  def bulkhead_configure(_name, _limit, _reclaim_after, _wait), do: nif()
+  def bulkhead_acquire(_name, _ref), do: nif()
+  def bulkhead_release(_permit), do: nif()
+  def bulkhead_in_flight(_name), do: nif()
+  def bulkhead_limit(_name), do: nif()
+  def bulkhead_reset(_name), do: nif()
+  def bench_rust_noop(_url, _schema, _n, _concurrency, _ref), do: nif()
+
+  @doc false
+  # Calls an asynchronous NIF and waits (in `receive`, not on a scheduler) for
+  # its answer. `fun` gets the reference to answer with.
+  def call(fun) do
+    ref = make_ref()
+
+    case fun.(ref) do
+      :ok -> await(ref)
+      {:error, _} = error -> error
+    end
+  end
+
+  @doc false
+  def await(ref) do
+    receive do
+      {^ref, result} -> result
+    end
+  end
+end
