@@ -51,31 +51,30 @@ defmodule GenDurable.Dispatcher do
 
   @impl true
   def handle_info({:gen_durable_step, handle, module, step, state, ctx}, st) do
-    case Task.Supervisor.start_child(st.tasks, GenDurable.Runner, :run, [
-           handle,
-           module,
-           step,
-           state,
-           ctx
-         ]) do
-      {:ok, pid} ->
-        ref = Process.monitor(pid)
-        {:noreply, %{st | running: Map.put(st.running, ref, handle)}}
+    # async_nolink monitors the task before it runs, so even a task killed
+    # at once is seen with its real exit reason.
+    %Task{ref: ref} =
+      Task.Supervisor.async_nolink(st.tasks, GenDurable.Runner, :run, [
+        handle,
+        module,
+        step,
+        state,
+        ctx
+      ])
 
-      {:error, reason} ->
-        Native.step_reply(
-          handle,
-          {:error, "could not start the step's process: #{inspect(reason)}", nil}
-        )
+    {:noreply, %{st | running: Map.put(st.running, ref, handle)}}
+  end
 
-        {:noreply, st}
-    end
+  # The task replied to the core itself; this is its return value.
+  def handle_info({ref, _result}, st) when is_reference(ref) and is_map_key(st.running, ref) do
+    Process.demonitor(ref, [:flush])
+    {:noreply, %{st | running: Map.delete(st.running, ref)}}
   end
 
   def handle_info({:DOWN, ref, :process, _pid, reason}, st) do
     {handle, running} = Map.pop(st.running, ref)
 
-    if handle != nil and reason != :normal do
+    if handle != nil do
       # A no-op when the step already replied.
       Native.step_reply(
         handle,

@@ -1,0 +1,80 @@
+defmodule GenDurable.TestHelper do
+  @moduledoc false
+  import ExUnit.Callbacks, only: [start_supervised!: 1, start_supervised: 1]
+
+  def url, do: Application.fetch_env!(:gen_durable, :test_url)
+
+  def unique, do: System.unique_integer([:positive])
+
+  @doc "Starts an engine on a fresh schema; returns its name."
+  def start_engine(opts) do
+    n = unique()
+    name = :"gd_engine_#{n}"
+
+    defaults = [
+      name: name,
+      url: url(),
+      schema: "ex_t#{n}",
+      queues: [default: 10],
+      poll_interval: 100,
+      heartbeat_interval: 500,
+      lease: 5_000,
+      backoff: [base: 10, max: 50],
+      shutdown_timeout: 5_000,
+      pool_size: 8
+    ]
+
+    start_supervised!({GenDurable, Keyword.merge(defaults, opts)})
+    name
+  end
+
+  def start_engine_result(opts) do
+    start_supervised({GenDurable, [url: url()] ++ opts})
+  end
+
+  @doc "Registers the test process; steps reach it through the state's \"test\"."
+  def register do
+    name = :"gd_test_#{unique()}"
+    Process.register(self(), name)
+    Atom.to_string(name)
+  end
+
+  @doc "Sent by steps: {:gd, id, step, ctx, step_pid}."
+  def notify(%{"test" => test}, step, ctx) do
+    case Process.whereis(String.to_existing_atom(test)) do
+      nil -> :ok
+      pid -> send(pid, {:gd, ctx.id, step, ctx, self()})
+    end
+  end
+
+  def notify(_, _, _), do: :ok
+
+  @doc "Waits for a condition that has no event (e.g. an outcome written)."
+  def eventually(fun, timeout \\ 30_000) do
+    deadline = System.monotonic_time(:millisecond) + timeout
+    loop(fun, deadline)
+  end
+
+  defp loop(fun, deadline) do
+    case fun.() do
+      result when result not in [nil, false] ->
+        result
+
+      _ ->
+        if System.monotonic_time(:millisecond) > deadline do
+          raise ExUnit.AssertionError, message: "condition not reached in time"
+        end
+
+        Process.sleep(20)
+        loop(fun, deadline)
+    end
+  end
+
+  @doc "Waits until the instance has `status`; returns it."
+  def wait_status(engine, id, status) do
+    eventually(fn ->
+      {:ok, i} = GenDurable.get(id, engine: engine)
+      i.status == status and i
+    end)
+  end
+end

@@ -1,0 +1,97 @@
+defmodule GenDurableTest.Steps do
+  @moduledoc false
+  # One workflow whose behaviour is chosen by the state's "mode".
+  use GenDurable
+  import GenDurable.TestHelper, only: [notify: 3]
+
+  @impl true
+  def handle_step(step, state, ctx) do
+    notify(state, step, ctx)
+    run(state["mode"], step, state, ctx)
+  end
+
+  defp run("next_done", "start", s, _), do: {:next, "second", Map.put(s, "n", 1)}
+  defp run("next_done", "second", s, _), do: {:done, Map.update!(s, "n", &(&1 + 1))}
+
+  defp run("release", "start", s, _), do: {:next, "b", s, concurrency_key: nil}
+
+  defp run("switch", "start", s, _),
+    do: {:next, "b", s, concurrency_key: {:tenant, 7}, rate_limit: "api:t1", schedule_in: 10}
+
+  defp run("await_signal", "start", s, _), do: {:await, "woken", s, signal: s["signal"]}
+  defp run("await_timeout", "start", s, _), do: {:await, "woken", s, timeout: 50}
+
+  defp run("await_until", "start", s, _),
+    do: {:await, "woken", s, until: DateTime.add(DateTime.utc_now(), 50, :millisecond)}
+
+  defp run("await_both", "start", s, _),
+    do: {:await, "woken", s, signal: s["signal"], timeout: 600_000}
+
+  defp run("snooze", "start", s, ctx) do
+    case :ets.update_counter(:gd_test, {ctx.id, :runs}, 1, {{ctx.id, :runs}, 0}) do
+      1 -> {:snooze, 20}
+      n -> {:done, Map.put(s, "runs", n)}
+    end
+  end
+
+  defp run("error", "start", _s, ctx), do: {:error, "boom #{ctx.attempt}"}
+
+  defp run("flaky", "start", s, ctx) do
+    if ctx.attempt < 3, do: {:error, :flaky}, else: {:done, Map.put(s, "attempt", ctx.attempt)}
+  end
+
+  defp run("cancel", "start", _s, _), do: {:cancel, "not needed"}
+  defp run("raise", "start", _s, _), do: raise(ArgumentError, "bad things happened")
+  defp run("throw", "start", _s, _), do: throw(:ball)
+  defp run("exit", "start", _s, _), do: exit(:went_away)
+
+  defp run("kill", "start", _s, _) do
+    Process.exit(self(), :kill)
+    {:done, %{}}
+  end
+
+  defp run("invalid", "start", _s, _), do: :what
+  defp run("not_json", "start", _s, _), do: {:done, %{"pid" => self()}}
+
+  defp run("block", "start", s, _) do
+    receive do
+      :continue -> {:next, "b", s}
+    end
+  end
+
+  defp run(_, "b", s, _), do: {:done, s}
+  defp run(_, "woken", s, ctx), do: {:done, Map.put(s, "wake", inspect(ctx.wake))}
+end
+
+defmodule GenDurableTest.Timed do
+  @moduledoc false
+  # Records when each step starts and ends, per concurrency key.
+  use GenDurable
+
+  @impl true
+  def handle_step("start", state, ctx) do
+    t0 = System.monotonic_time()
+    Process.sleep(state["work_ms"] || 20)
+    t1 = System.monotonic_time()
+    :ets.insert(:gd_test, {{:span, state["run"], ctx.id}, ctx.concurrency_key, t0, t1})
+    GenDurable.TestHelper.notify(state, "start", ctx)
+    {:done, state}
+  end
+end
+
+defmodule Account.Sync do
+  @moduledoc false
+  # Run by Elixir, inserted from Rust (the CLI) in the cross-language test.
+  use GenDurable
+
+  @impl true
+  def handle_step("start", state, ctx) do
+    GenDurable.TestHelper.notify(state, "start", ctx)
+    {:next, "finish", Map.put(state, "synced_by", "elixir")}
+  end
+
+  def handle_step("finish", state, ctx) do
+    GenDurable.TestHelper.notify(state, "finish", ctx)
+    {:done, state}
+  end
+end
