@@ -334,7 +334,8 @@ defmodule GenDurable do
   # A key as stored: "name:rest", from a string or a {name, id} tuple.
   def key(k) when is_binary(k), do: {:ok, k}
 
-  def key({name, id}) when (is_atom(name) or is_binary(name)) and name not in [nil, true, false] do
+  def key({name, id})
+      when (is_atom(name) or is_binary(name)) and name not in [nil, true, false] do
     if String.Chars.impl_for(id) != nil and not is_nil(id) and not is_map(id) and not is_list(id),
       do: {:ok, "#{name}:#{id}"},
       else: :error
@@ -343,13 +344,15 @@ defmodule GenDurable do
   def key(_), do: :error
 
   defp engine(opts) do
-    name =
-      if is_list(opts), do: Keyword.get(opts, :engine, GenDurable), else: GenDurable
+    name = if is_list(opts), do: Keyword.get(opts, :engine, GenDurable), else: GenDurable
 
     case :persistent_term.get({GenDurable, name}, nil) do
       nil ->
         {:error,
-         %Error{kind: :not_running, message: "no GenDurable engine named #{inspect(name)} is running"}}
+         %Error{
+           kind: :not_running,
+           message: "no GenDurable engine named #{inspect(name)} is running"
+         }}
 
       res ->
         {:ok, res}
@@ -367,7 +370,9 @@ defmodule GenDurable do
   defp bang({:error, e}), do: raise(e)
 
   defp id(id) when is_integer(id), do: :ok
-  defp id(id), do: {:error, Error.input(:id, "invalid id: must be an integer, got: #{inspect(id)}")}
+
+  defp id(id),
+    do: {:error, Error.input(:id, "invalid id: must be an integer, got: #{inspect(id)}")}
 
   defp new_instances(list) do
     list
@@ -383,8 +388,7 @@ defmodule GenDurable do
              {:error,
               %{
                 e
-                | message:
-                    "#{e.message} (instance #{i} of #{length(list)}; nothing was inserted)"
+                | message: "#{e.message} (instance #{i} of #{length(list)}; nothing was inserted)"
               }}}
         end
 
@@ -478,8 +482,7 @@ defmodule GenDurable do
     do: string(Atom.to_string(a), field)
 
   defp string(other, field),
-    do:
-      {:error, Error.input(field, "invalid #{field}: must be a string, got: #{inspect(other)}")}
+    do: {:error, Error.input(field, "invalid #{field}: must be a string, got: #{inspect(other)}")}
 
   defp opt_string(nil, _field), do: {:ok, nil}
   defp opt_string(s, field), do: string(s, field)
@@ -549,7 +552,10 @@ defmodule GenDurable do
 
       _ ->
         {:error,
-         Error.input(:scheduled_at, "invalid scheduled_at: give schedule_in or scheduled_at, not both")}
+         Error.input(
+           :scheduled_at,
+           "invalid scheduled_at: give schedule_in or scheduled_at, not both"
+         )}
     end
   end
 end

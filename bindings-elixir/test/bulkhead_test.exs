@@ -140,6 +140,7 @@ defmodule GenDurable.BulkheadTest do
 
   test "invalid configurations are refused" do
     svc = service()
+
     assert {:error, %GenDurable.Error{kind: :invalid_config, message: m}} =
              Bulkhead.configure(svc, limit: 1, reclaim_after: 1000, wait: :infinity)
 

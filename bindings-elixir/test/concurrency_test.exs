@@ -25,7 +25,9 @@ defmodule GenDurable.ConcurrencyTest do
     news =
       for key <- keys, _ <- 1..per_key do
         {Timed,
-         state: %{"test" => t, "run" => run, "work_ms" => 30}, concurrency_key: key, engine: engine}
+         state: %{"test" => t, "run" => run, "work_ms" => 30},
+         concurrency_key: key,
+         engine: engine}
       end
 
     {:ok, ids} = GenDurable.insert_all(news, engine: engine)

@@ -193,6 +193,8 @@ defmodule GenDurable.TransitionsTest do
       )
 
     assert length(ids) == 5
-    for {id, n} <- Enum.with_index(ids, 1), do: assert(wait_status(e, id, :completed).state["k"] == n)
+
+    for {id, n} <- Enum.with_index(ids, 1),
+        do: assert(wait_status(e, id, :completed).state["k"] == n)
   end
 end

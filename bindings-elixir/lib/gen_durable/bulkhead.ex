@@ -95,7 +95,7 @@ defmodule GenDurable.Bulkhead do
   Runs `fun` under a slot of `service` and returns its value, or returns
   `{GenDurable.Bulkhead, :saturated}` without running it.
   """
-  @spec call(service, (-> result)) :: result | saturated when result: term
+  @spec call(service, (() -> result)) :: result | saturated when result: term
   def call(service, fun) when is_function(fun, 0) do
     ref = make_ref()
 
@@ -165,7 +165,8 @@ defmodule GenDurable.Bulkhead do
         {:ok, n}
 
       {:ok, n} ->
-        {:error, Error.config("bulkhead #{inspect(key)} must be a positive integer, got: #{inspect(n)}")}
+        {:error,
+         Error.config("bulkhead #{inspect(key)} must be a positive integer, got: #{inspect(n)}")}
 
       :error ->
         {:error, Error.config("bulkhead #{inspect(key)} is required")}

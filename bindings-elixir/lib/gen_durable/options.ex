@@ -145,7 +145,9 @@ defmodule GenDurable.Options do
       if is_integer(n) and n > 0,
         do: {:ok, {name, n}},
         else:
-          error("queue #{inspect(name)}: concurrency must be a positive integer, got: #{inspect(n)}")
+          error(
+            "queue #{inspect(name)}: concurrency must be a positive integer, got: #{inspect(n)}"
+          )
     end)
   end
 

@@ -1,0 +1,145 @@
+defmodule GenDurable.ErrorsTest do
+  use ExUnit.Case, async: true
+  import GenDurable.TestHelper
+
+  alias GenDurable.Error
+  alias GenDurableTest.Steps
+
+  setup do
+    %{engine: start_engine(workflows: [Steps])}
+  end
+
+  defp insert(e, opts), do: GenDurable.insert(Steps, [engine: e] ++ opts)
+
+  test "bad insert input is refused with a clear message", %{engine: e} do
+    cases = [
+      {[state: [1, 2]], :state, "must be a map"},
+      {[state: %{"pid" => self()}], :state, "not JSON"},
+      {[state: %{"t" => DateTime.utc_now()}], :state, "struct"},
+      {[state: %{"bin" => <<255, 0>>}], :state, "UTF-8"},
+      {[priority: 12], :priority, "0 (first) to 9"},
+      {[priority: "high"], :priority, "0 (first) to 9"},
+      {[queue: ""], :queue, "queue"},
+      {[queue: 5], :queue, "must be a string"},
+      {[step: "a\0b"], :step, "step"},
+      {[concurrency_key: ""], :concurrency_key, "concurrency_key"},
+      {[concurrency_key: {:stripe, %{}}], :concurrency_key, "{name, id}"},
+      {[concurrency_key: String.duplicate("k", 100_000)], :concurrency_key, "concurrency_key"},
+      {[rate_limit: "nope:1"], :rate_limit, "rate"},
+      {[max_attempts: 0], :max_attempts, "positive integer"},
+      {[schedule_in: -5], :schedule_in, "non-negative"},
+      {[scheduled_at: "tomorrow"], :scheduled_at, "DateTime"},
+      {[schedule_in: 5, scheduled_at: DateTime.utc_now()], :scheduled_at, "not both"},
+      {[colour: :blue], :options, "unknown option :colour"}
+    ]
+
+    for {opts, field, text} <- cases do
+      assert {:error, %Error{kind: :invalid_input, field: ^field, message: m}} = insert(e, opts),
+             "#{inspect(opts)}"
+
+      assert m =~ text, "#{inspect(opts)}: #{m}"
+    end
+  end
+
+  test "bad workflow names", %{engine: e} do
+    assert {:error, %Error{kind: :invalid_input, field: :workflow}} =
+             GenDurable.insert(123, engine: e)
+
+    assert {:error, %Error{kind: :invalid_input, field: :workflow}} =
+             GenDurable.insert("", engine: e)
+
+    # An unknown workflow is kept for a node that knows it.
+    assert {:ok, id} = GenDurable.insert("Some.Other.Workflow", engine: e)
+    assert {:ok, %{status: :available}} = GenDurable.get(id, engine: e)
+  end
+
+  test "insert_all: nothing is inserted when one instance is bad", %{engine: e} do
+    assert {:error, %Error{field: :priority, message: m}} =
+             GenDurable.insert_all([{Steps, []}, {Steps, priority: 99}], engine: e)
+
+    assert m =~ "instance 1 of 2"
+    assert {:ok, []} = GenDurable.insert_all([], engine: e)
+  end
+
+  test "not found, not running, bad ids and signals", %{engine: e} do
+    assert {:error, %Error{kind: :not_found, message: m}} = GenDurable.get(-1, engine: e)
+    assert m =~ "-1"
+    assert {:error, %Error{kind: :not_found}} = GenDurable.cancel(-1, engine: e)
+    assert {:error, %Error{kind: :invalid_input, field: :id}} = GenDurable.get("1", engine: e)
+
+    assert {:error, %Error{kind: :not_running, message: m}} =
+             GenDurable.insert(Steps, engine: :nobody)
+
+    assert m =~ ":nobody"
+
+    assert {:error, %Error{kind: :invalid_input, field: :signal}} =
+             GenDurable.signal("", %{}, engine: e)
+
+    assert {:error, %Error{kind: :invalid_input, field: :payload}} =
+             GenDurable.signal("s", {:tuple}, engine: e)
+  end
+
+  test "bang variants raise GenDurable.Error", %{engine: e} do
+    assert_raise Error, ~r/priority/, fn -> GenDurable.insert!(Steps, priority: -1, engine: e) end
+    assert_raise Error, ~r/no instance/, fn -> GenDurable.get!(-1, engine: e) end
+    assert_raise Error, fn -> GenDurable.cancel!(-1, engine: e) end
+    assert_raise Error, fn -> GenDurable.signal!("", %{}, engine: e) end
+    assert_raise Error, fn -> GenDurable.insert_all!([{Steps, state: 1}], engine: e) end
+    assert is_integer(GenDurable.insert!(Steps, engine: e, state: %{"mode" => "cancel"}))
+  end
+
+  describe "engine options" do
+    test "refused before anything starts" do
+      # A configuration the core refuses stops the supervisor being started.
+      Process.flag(:trap_exit, true)
+
+      cases = [
+        {[colour: :blue], "unknown option :colour"},
+        {[queues: [default: 0]], "concurrency must be a positive integer"},
+        {[queues: :default], "must be a keyword list"},
+        {[queues: [default: 1, default: 2]], "given twice"},
+        {[concurrency_limits: [stripe: [limit: 0]]], "limit must be at least 1"},
+        {[concurrency_limits: [stripe: [shards: 2]]], ":limit is required"},
+        {[concurrency_limits: [stripe: [limit: 2, size: 1]]], "unknown option :size"},
+        {[concurrency_limits: [s: [limit: 2], s: [limit: 3]]], "given twice"},
+        {[rate_limits: [openai: [limit: 10, period: 0]]], "period"},
+        {[rate_limits: [openai: [limit: 10]]], ":period is required"},
+        {[workflows: [String]], "does not define handle_step/3"},
+        {[workflows: [Steps, Steps]], "given twice"},
+        {[workflows: [NoSuchModule]], "not available"},
+        {[poll_interval: -1], "positive integer"},
+        {[schema: "bad schema;"], "schema"},
+        {[lease: 1000, heartbeat_interval: 1000], "lease"},
+        {[retention: :forever], ":retention"},
+        {[name: "x"], ":name must be an atom"},
+        {[url: ""], ":url must be a non-empty string"}
+      ]
+
+      for {opts, text} <- cases do
+        opts = Keyword.put_new(opts, :name, :"bad_#{unique()}")
+
+        assert {:error, %Error{kind: :invalid_config, message: m}} =
+                 GenDurable.start_link(Keyword.put_new(opts, :url, url())),
+               inspect(opts)
+
+        assert m =~ text, "#{inspect(opts)}: #{m}"
+      end
+
+      assert {:error, %Error{message: m}} = GenDurable.start_link(:nope)
+      assert m =~ "keyword list"
+    end
+
+    test "an unreachable database is a clear error at start" do
+      Process.flag(:trap_exit, true)
+
+      assert {:error, %Error{kind: kind, message: m}} =
+               GenDurable.start_link(
+                 name: :"unreachable_#{unique()}",
+                 url: "postgres://nobody@127.0.0.1:1/none"
+               )
+
+      assert kind in [:database, :migrate]
+      assert m != ""
+    end
+  end
+end
