@@ -1,1 +1,46 @@
-//! The Python extension (work in progress).
+//! `gendurable._gendurable`: the native half of the Python package.
+//!
+//! Everything here is thin: it converts values between Python and the core,
+//! maps the core's errors onto the Python exception classes of
+//! `gendurable.errors`, and runs Python step functions for the core's node.
+//! The Python package (`python/gendurable/`) is the public interface.
+
+mod bench;
+mod bulkhead;
+mod core;
+mod errors;
+mod testing;
+mod values;
+mod workflow;
+
+use pyo3::prelude::*;
+
+/// The tokio runtime shared by every engine, the async calls and the bulkhead.
+pub(crate) fn runtime() -> &'static tokio::runtime::Runtime {
+    pyo3_async_runtimes::tokio::get_runtime()
+}
+
+/// Run the future `make` returns to completion on the shared runtime, with
+/// the GIL released. (The future is made on the releasing thread, so it need
+/// not be `Send`: some of the core's futures are not provably so.)
+pub(crate) fn block_on<M, F>(py: Python<'_>, make: M) -> F::Output
+where
+    M: FnOnce() -> F + Send,
+    F: std::future::Future,
+    F::Output: Send,
+{
+    py.detach(|| runtime().block_on(make()))
+}
+
+#[pymodule]
+fn _gendurable(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<core::Core>()?;
+    m.add_class::<bulkhead::PyBulkhead>()?;
+    m.add_class::<bulkhead::PyPermit>()?;
+    m.add_class::<testing::PyTempPostgres>()?;
+    m.add_function(wrap_pyfunction!(values::check_name, m)?)?;
+    m.add_function(wrap_pyfunction!(values::check_key, m)?)?;
+    m.add_function(wrap_pyfunction!(bench::_bench_rust_noop, m)?)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

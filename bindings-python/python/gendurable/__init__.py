@@ -1,0 +1,70 @@
+"""gendurable: a durable step engine on PostgreSQL.
+
+Instances of workflows are rows; worker nodes claim runnable instances, run
+the workflow's code for the current step and write the step's transition back
+in one transaction. Concurrency keys (K at a time per key, cluster-wide),
+gates and rate limits are enforced by the database; the :class:`Bulkhead`
+caps calls to a service from this process.
+
+    import gendurable
+    from gendurable import Done, Next
+
+    engine = gendurable.Engine(queues={"default": 10})
+
+    @engine.workflow("Account.Sync")
+    class AccountSync:
+        def start(self, state, ctx):
+            return Next("finish", {**state, "fetched": True})
+
+        async def finish(self, state, ctx):
+            return Done(state)
+
+    engine.insert("Account.Sync", {"id": 7}, concurrency_key=("account", 7))
+    engine.run()   # until SIGTERM or Ctrl-C
+"""
+
+from ._gendurable import __version__
+from .bulkhead import Bulkhead, Permit
+from .context import Context, Wake
+from .engine import Cancelled, Engine, Instance, NewInstance, workflow
+from .errors import (
+    DatabaseError,
+    EmbeddedPostgresError,
+    Error,
+    InvalidConfig,
+    InvalidInput,
+    MigrationError,
+    NotFound,
+    Saturated,
+    ShutDown,
+)
+from .transitions import KEEP, Await, Cancel, Done, Next, Snooze, Transition
+
+__all__ = [
+    "KEEP",
+    "Await",
+    "Bulkhead",
+    "Cancel",
+    "Cancelled",
+    "Context",
+    "DatabaseError",
+    "Done",
+    "EmbeddedPostgresError",
+    "Engine",
+    "Error",
+    "Instance",
+    "InvalidConfig",
+    "InvalidInput",
+    "MigrationError",
+    "NewInstance",
+    "Next",
+    "NotFound",
+    "Permit",
+    "Saturated",
+    "ShutDown",
+    "Snooze",
+    "Transition",
+    "Wake",
+    "__version__",
+    "workflow",
+]

@@ -1,0 +1,709 @@
+"""The engine: configuration, workflows, client calls and the worker."""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import datetime as _dt
+import enum
+import inspect
+import os
+import signal as _signal
+import threading
+import weakref
+from collections.abc import Iterable, Mapping
+from typing import Any, Callable, Optional, TypeVar, Union
+
+from . import _gendurable, _runner
+from .errors import InvalidConfig, InvalidInput
+from .transitions import ConcurrencyKey, _seconds, _timestamp, key_str
+
+__all__ = ["Cancelled", "Engine", "Instance", "NewInstance", "workflow"]
+
+T = TypeVar("T")
+_MARK = "__gendurable_workflow__"
+_UNSET: Any = object()
+_U32 = 2**32 - 1
+
+
+def workflow(name: str, *, step: Optional[str] = None) -> Callable[[T], T]:
+    """Mark a class or a function as the workflow ``name``, to be registered
+    with ``Engine(workflows=[...])`` or ``engine.register(...)``.
+
+    - A class: each public method ``def fetch(self, state, ctx)`` runs the step
+      of that name; a method ``step(self, step, state, ctx)`` runs any other
+      step. The class is instantiated once, with no arguments.
+    - A function ``f(step, state, ctx)`` runs every step of the workflow.
+    - With ``step="fetch"``, a function ``f(state, ctx)`` runs that one step;
+      several functions may make up one workflow this way.
+
+    Methods and functions may be ``def`` (run on a worker thread) or
+    ``async def`` (run on the engine's event loop).
+    """
+    _gendurable.check_name("workflow", _str("workflow", name))
+    if step is not None:
+        _gendurable.check_name("step", _str("step", step))
+
+    def mark(target: T) -> T:
+        marks = list(getattr(target, _MARK, ()))
+        marks.append((name, step))
+        try:
+            setattr(target, _MARK, tuple(marks))
+        except (AttributeError, TypeError) as exc:
+            raise InvalidInput(
+                f"invalid workflow: cannot mark {target!r} as a workflow", field="workflow"
+            ) from exc
+        return target
+
+    return mark
+
+
+def _str(field: str, v: Any) -> str:
+    if not isinstance(v, str):
+        raise InvalidInput(f"invalid {field}: must be a str, got {v!r}", field=field)
+    return v
+
+
+def _is_async(fn: Any) -> bool:
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        getattr(fn, "__call__", None)  # noqa: B004
+    )
+
+
+class _Workflow:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.steps: dict[str, tuple[Callable[..., Any], bool, bool]] = {}
+        self.fallback: Optional[tuple[Callable[..., Any], bool, bool]] = None
+
+    def add_step(self, step: str, fn: Callable[..., Any], takes_step: bool = False) -> None:
+        if step in self.steps:
+            raise InvalidConfig(f"workflow {self.name!r}: step {step!r} is defined twice")
+        self.steps[step] = (fn, _is_async(fn), takes_step)
+
+    def set_fallback(self, fn: Callable[..., Any]) -> None:
+        if self.fallback is not None:
+            raise InvalidConfig(f"workflow {self.name!r}: a catch-all step function is defined twice")
+        self.fallback = (fn, _is_async(fn), True)
+
+    def add_class(self, cls: type) -> None:
+        instance = cls()
+        seen = set()
+        for klass in cls.__mro__[:-1]:
+            for attr, raw in vars(klass).items():
+                if attr.startswith("_") or attr in seen:
+                    continue
+                seen.add(attr)
+                if not (
+                    inspect.isfunction(raw) or isinstance(raw, (staticmethod, classmethod))
+                ):
+                    continue
+                fn = getattr(instance, attr)
+                if attr == "step":
+                    self.set_fallback(fn)
+                else:
+                    self.add_step(attr, fn)
+        if not self.steps and self.fallback is None:
+            raise InvalidConfig(f"workflow {self.name!r}: class {cls.__name__} has no step methods")
+
+
+class Cancelled(str, enum.Enum):
+    """What :meth:`Engine.cancel` did."""
+
+    NOW = "now"
+    """It was not executing and is now cancelled."""
+    AT_OUTCOME = "at_outcome"
+    """It is executing; it is cancelled when its step's outcome is written."""
+    ALREADY_FINISHED = "already_finished"
+    """It had already finished (completed, cancelled or discarded)."""
+
+
+def _time(v: Optional[float]) -> Optional[_dt.datetime]:
+    return None if v is None else _dt.datetime.fromtimestamp(v, _dt.timezone.utc)
+
+
+class Instance:
+    """An instance as stored, read back with :meth:`Engine.get`.
+
+    ``status`` is one of ``scheduled``, ``available``, ``executing``,
+    ``awaiting``, ``completed``, ``cancelled``, ``discarded``. ``errors``
+    lists every error, rescue and cancellation recorded, oldest first.
+    """
+
+    __slots__ = (
+        "attempt",
+        "attempted_at",
+        "await_signal",
+        "await_until",
+        "cancel_requested",
+        "concurrency_key",
+        "errors",
+        "finished_at",
+        "id",
+        "inserted_at",
+        "max_attempts",
+        "node",
+        "priority",
+        "queue",
+        "rate_limit",
+        "scheduled_at",
+        "state",
+        "status",
+        "step",
+        "workflow",
+    )
+
+    id: int
+    workflow: str
+    step: str
+    state: dict[str, Any]
+    queue: str
+    priority: int
+    status: str
+    concurrency_key: Optional[str]
+    rate_limit: Optional[str]
+    attempt: int
+    max_attempts: int
+    node: Optional[str]
+    cancel_requested: bool
+    await_signal: Optional[str]
+    await_until: Optional[_dt.datetime]
+    errors: list[Any]
+    inserted_at: _dt.datetime
+    scheduled_at: _dt.datetime
+    attempted_at: Optional[_dt.datetime]
+    finished_at: Optional[_dt.datetime]
+
+    def __init__(self, d: dict[str, Any]) -> None:
+        for k in self.__slots__:
+            v = d[k]
+            if k.endswith(("_at", "_until")):
+                v = _time(v)
+            setattr(self, k, v)
+
+    @property
+    def finished(self) -> bool:
+        """Whether it is finished for good."""
+        return self.status in ("completed", "cancelled", "discarded")
+
+    def __repr__(self) -> str:
+        return (
+            f"Instance(id={self.id}, workflow={self.workflow!r}, step={self.step!r},"
+            f" status={self.status!r}, state={self.state!r})"
+        )
+
+
+class NewInstance:
+    """An instance to insert with :meth:`Engine.insert_many`; the arguments
+    are those of :meth:`Engine.insert`."""
+
+    __slots__ = ("_t",)
+
+    def __init__(
+        self,
+        workflow: Union[str, Any],
+        state: Optional[Mapping[str, Any]] = None,
+        *,
+        step: str = "start",
+        queue: str = "default",
+        priority: int = 0,
+        concurrency_key: Optional[ConcurrencyKey] = None,
+        rate_limit: Optional[str] = None,
+        schedule_in: Union[float, _dt.timedelta, None] = None,
+        scheduled_at: Optional[_dt.datetime] = None,
+        max_attempts: int = 20,
+    ) -> None:
+        if schedule_in is not None and scheduled_at is not None:
+            raise InvalidInput(
+                "invalid schedule_in: give schedule_in or scheduled_at, not both",
+                field="schedule_in",
+            )
+        self._t = (
+            _workflow_name(workflow),
+            {} if state is None else state,
+            _str("step", step),
+            _str("queue", queue),
+            _int("priority", priority, 0, 9),
+            None if concurrency_key is None else key_str(concurrency_key),
+            None if rate_limit is None else _str("rate_limit", rate_limit),
+            _seconds("schedule_in", schedule_in),
+            _timestamp("scheduled_at", scheduled_at),
+            _int("max_attempts", max_attempts, 1, 2**31 - 1),
+        )
+
+    def __repr__(self) -> str:
+        return f"NewInstance({self._t[0]!r}, {self._t[1]!r})"
+
+
+def _int(field: str, v: Any, lo: int, hi: int) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise InvalidInput(f"invalid {field}: must be an int, got {v!r}", field=field)
+    if not lo <= v <= hi:
+        raise InvalidInput(f"invalid {field}: must be {lo} to {hi}, got {v}", field=field)
+    return v
+
+
+def _workflow_name(w: Any) -> str:
+    if isinstance(w, str):
+        return w
+    marks = getattr(w, _MARK, None)
+    if marks:
+        names = {m[0] for m in marks}
+        if len(names) == 1:
+            return next(iter(names))
+    raise InvalidInput(
+        f"invalid workflow: give a workflow name or a decorated workflow, got {w!r}",
+        field="workflow",
+    )
+
+
+# --- configuration checks -------------------------------------------------------------
+
+
+def _cfg_seconds(what: str, v: Any, *, zero_ok: bool = False) -> Optional[float]:
+    if v is None:
+        return None
+    if isinstance(v, _dt.timedelta):
+        v = v.total_seconds()
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise InvalidConfig(f"{what} must be a number of seconds or a timedelta, got {v!r}")
+    if not (v > 0 or (zero_ok and v == 0)) or v == float("inf"):
+        raise InvalidConfig(f"{what} must be a finite number of seconds above zero, got {v!r}")
+    return float(v)
+
+
+def _cfg_int(what: str, v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise InvalidConfig(f"{what} must be an int, got {v!r}")
+    if not 1 <= v <= _U32:
+        raise InvalidConfig(f"{what} must be at least 1, got {v}")
+    return v
+
+
+def _cfg_mapping(what: str, v: Any) -> Mapping[str, Any]:
+    if not isinstance(v, Mapping):
+        raise InvalidConfig(f"{what} must be a dict, got {v!r}")
+    for k in v:
+        if not isinstance(k, str):
+            raise InvalidConfig(f"{what}: names must be str, got {k!r}")
+    return v
+
+
+def _cfg_options(what: str, v: Any, allowed: tuple[str, ...], required: tuple[str, ...]) -> dict:
+    if isinstance(v, int) and not isinstance(v, bool) and "limit" in allowed:
+        v = {"limit": v}
+    if not isinstance(v, Mapping):
+        raise InvalidConfig(f"{what} must be a dict of {', '.join(allowed)}, got {v!r}")
+    unknown = [k for k in v if k not in allowed]
+    if unknown:
+        raise InvalidConfig(
+            f"{what}: unknown option {unknown[0]!r} (expected {', '.join(allowed)})"
+        )
+    missing = [k for k in required if k not in v]
+    if missing:
+        raise InvalidConfig(f"{what}: {missing[0]!r} is required")
+    return dict(v)
+
+
+_live: weakref.WeakSet[Engine] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_all() -> None:
+    for e in list(_live):
+        try:
+            e.shutdown()
+        except Exception:  # noqa: S110 - best effort at exit
+            pass
+
+
+class _LoopThread:
+    """The engine's event loop for async steps, on a thread of its own."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self._run, name="gendurable-asyncio", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+        pending = asyncio.all_tasks(self.loop)
+        for t in pending:
+            t.cancel()
+        if pending:
+            self.loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        self.loop.run_until_complete(self.loop.shutdown_asyncgens())
+        self.loop.close()
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join()
+
+
+class _Stop(BaseException):
+    pass
+
+
+class Engine:
+    """A gendurable engine: a client of the database and, once started, a
+    worker node running the registered workflows.
+
+    ``url`` defaults to the ``DATABASE_URL`` environment variable. Tables live
+    in ``schema`` (created or upgraded on first use). ``queues`` maps each queue
+    this node runs to how many of its steps run at once. ``concurrency_limits``
+    turns key names into gates (``{"stripe": {"limit": 100, "shards": 10}}``
+    lets 100 steps holding any ``stripe:*`` key run at once; keys with other
+    names are K = 1). ``rate_limits`` caps how many steps start per period per
+    rate-limit key (``{"openai": {"limit": 100, "period": 60, "burst": 10}}``).
+    Durations are seconds (or ``timedelta``). ``retention`` is how long
+    finished instances are kept (``None``: forever; default 7 days).
+
+    A bad configuration raises :class:`gendurable.InvalidConfig` here; nothing
+    connects to the database until the first call that needs it.
+    """
+
+    def __init__(
+        self,
+        url: Optional[str] = None,
+        *,
+        schema: str = "gendurable",
+        queues: Optional[Mapping[str, int]] = None,
+        concurrency_limits: Optional[Mapping[str, Any]] = None,
+        rate_limits: Optional[Mapping[str, Any]] = None,
+        workflows: Iterable[Any] = (),
+        node_id: Optional[str] = None,
+        poll_interval: Union[float, _dt.timedelta, None] = None,
+        heartbeat_interval: Union[float, _dt.timedelta, None] = None,
+        lease: Union[float, _dt.timedelta, None] = None,
+        shutdown_timeout: Union[float, _dt.timedelta, None] = None,
+        gc_interval: Union[float, _dt.timedelta, None] = None,
+        retention: Union[float, _dt.timedelta, None] = _UNSET,
+        backoff: Optional[tuple[float, float]] = None,
+        max_connections: Optional[int] = None,
+    ) -> None:
+        if url is None:
+            url = os.environ.get("DATABASE_URL") or None
+        if url is None:
+            raise InvalidConfig(
+                "no database: pass url=... or set DATABASE_URL"
+                " (in tests, gendurable.testing.postgres() gives a throwaway one)"
+            )
+        if not isinstance(url, str):
+            raise InvalidConfig(f"url must be a str, got {url!r}")
+        if not isinstance(schema, str):
+            raise InvalidConfig(f"schema must be a str, got {schema!r}")
+        if node_id is not None and not isinstance(node_id, str):
+            raise InvalidConfig(f"node_id must be a str, got {node_id!r}")
+        qs = _cfg_mapping("queues", {"default": 10} if queues is None else queues)
+        queue_list = [(q, _cfg_int(f"queues[{q!r}]", n)) for q, n in qs.items()]
+        gates = []
+        for name, opts in _cfg_mapping("concurrency_limits", concurrency_limits or {}).items():
+            what = f"concurrency_limits[{name!r}]"
+            o = _cfg_options(what, opts, ("limit", "shards"), ("limit",))
+            gates.append(
+                (name, _cfg_int(f"{what} limit", o["limit"]), _cfg_int(f"{what} shards", o.get("shards", 1)))
+            )
+        rates = []
+        for name, opts in _cfg_mapping("rate_limits", rate_limits or {}).items():
+            what = f"rate_limits[{name!r}]"
+            o = _cfg_options(what, opts, ("limit", "period", "burst"), ("limit", "period"))
+            rates.append(
+                (
+                    name,
+                    _cfg_int(f"{what} limit", o["limit"]),
+                    _cfg_seconds(f"{what} period", o["period"]),
+                    _cfg_int(f"{what} burst", o.get("burst", 1)),
+                )
+            )
+        if backoff is not None:
+            if not (isinstance(backoff, (tuple, list)) and len(backoff) == 2):
+                raise InvalidConfig(f"backoff must be a (base, max) pair of seconds, got {backoff!r}")
+            backoff = (
+                _cfg_seconds("backoff base", backoff[0]),
+                _cfg_seconds("backoff max", backoff[1]),
+            )
+        if max_connections is not None:
+            max_connections = _cfg_int("max_connections", max_connections)
+        retention_set = retention is not _UNSET
+        self._core = _gendurable.Core(
+            url,
+            schema,
+            node_id,
+            queue_list,
+            gates,
+            rates,
+            _cfg_seconds("heartbeat_interval", heartbeat_interval),
+            _cfg_seconds("lease", lease),
+            _cfg_seconds("poll_interval", poll_interval),
+            _cfg_seconds("gc_interval", gc_interval),
+            _cfg_seconds("shutdown_timeout", shutdown_timeout, zero_ok=True),
+            retention_set,
+            _cfg_seconds("retention", retention) if retention_set else None,
+            backoff,
+            max_connections,
+        )
+        self.schema = schema
+        self._workflows: dict[str, _Workflow] = {}
+        self._lock = threading.Lock()
+        self._loop: Optional[_LoopThread] = None
+        self._stop = threading.Event()
+        for w in workflows:
+            self.register(w)
+
+    # --- workflows ----------------------------------------------------------------------
+
+    def workflow(self, name: str, *, step: Optional[str] = None) -> Callable[[T], T]:
+        """Like :func:`gendurable.workflow`, and registers the target with this engine."""
+        mark = workflow(name, step=step)
+
+        def decorate(target: T) -> T:
+            self._add(name, step, target)
+            return mark(target)
+
+        return decorate
+
+    def register(self, *targets: Any) -> None:
+        """Register classes or functions marked with :func:`gendurable.workflow`."""
+        for target in targets:
+            marks = getattr(target, _MARK, None)
+            if not marks:
+                raise InvalidConfig(
+                    f"{target!r} is not a workflow: decorate it with @gendurable.workflow(name)"
+                )
+            for name, step in marks:
+                self._add(name, step, target)
+
+    def _add(self, name: str, step: Optional[str], target: Any) -> None:
+        if self._core.running:
+            raise InvalidConfig("register workflows before the worker starts")
+        w = self._workflows.get(name) or _Workflow(name)
+        if inspect.isclass(target):
+            if step is not None:
+                raise InvalidConfig(f"workflow {name!r}: step= applies to functions, not classes")
+            w.add_class(target)
+        elif callable(target):
+            if step is None:
+                w.set_fallback(target)
+            else:
+                w.add_step(step, target)
+        else:
+            raise InvalidConfig(f"workflow {name!r}: {target!r} is not a class or a function")
+        self._workflows[name] = w
+
+    @property
+    def workflows(self) -> list[str]:
+        """Names of the registered workflows."""
+        return sorted(self._workflows)
+
+    # --- client calls -------------------------------------------------------------------
+
+    def migrate(self) -> None:
+        """Create or upgrade the schema (the first call that needs it does it too)."""
+        self._core.migrate()
+
+    async def migrate_async(self) -> None:
+        """:meth:`migrate` for asyncio."""
+        await self._core.migrate_async()
+
+    def insert(
+        self,
+        workflow: Union[str, Any],
+        state: Optional[Mapping[str, Any]] = None,
+        *,
+        step: str = "start",
+        queue: str = "default",
+        priority: int = 0,
+        concurrency_key: Optional[ConcurrencyKey] = None,
+        rate_limit: Optional[str] = None,
+        schedule_in: Union[float, _dt.timedelta, None] = None,
+        scheduled_at: Optional[_dt.datetime] = None,
+        max_attempts: int = 20,
+    ) -> int:
+        """Insert one instance of ``workflow`` (a name or a decorated workflow)
+        and return its id.
+
+        ``state`` is a JSON object (a dict). ``concurrency_key`` is
+        ``"name:rest"`` or a ``(name, id)`` tuple; ``priority`` 0 (first) to 9;
+        ``schedule_in`` seconds or ``scheduled_at`` an aware datetime.
+        """
+        new = NewInstance(
+            workflow,
+            state,
+            step=step,
+            queue=queue,
+            priority=priority,
+            concurrency_key=concurrency_key,
+            rate_limit=rate_limit,
+            schedule_in=schedule_in,
+            scheduled_at=scheduled_at,
+            max_attempts=max_attempts,
+        )
+        return self._core.insert_many([new._t])[0]
+
+    async def insert_async(self, workflow: Union[str, Any], state: Optional[Mapping[str, Any]] = None, **options: Any) -> int:
+        """:meth:`insert` for asyncio."""
+        new = NewInstance(workflow, state, **options)
+        ids = await self._core.insert_many_async([new._t])
+        return ids[0]
+
+    def insert_many(self, instances: Iterable[NewInstance]) -> list[int]:
+        """Insert many instances in one round trip; all or none. Returns their ids in order."""
+        return self._core.insert_many(_news(instances))
+
+    async def insert_many_async(self, instances: Iterable[NewInstance]) -> list[int]:
+        """:meth:`insert_many` for asyncio."""
+        return await self._core.insert_many_async(_news(instances))
+
+    def get(self, id: int) -> Instance:  # noqa: A002
+        """Read an instance back; raises :class:`gendurable.NotFound`."""
+        return Instance(self._core.get(_id(id)))
+
+    async def get_async(self, id: int) -> Instance:  # noqa: A002
+        """:meth:`get` for asyncio."""
+        return Instance(await self._core.get_async(_id(id)))
+
+    def signal(self, name: str, payload: Any = None, *, id: Optional[int] = None) -> int:  # noqa: A002
+        """Wake every instance awaiting signal ``name`` (or, with ``id``, that one
+        instance whatever it awaits); the woken step sees ``payload`` in
+        ``ctx.wake``. Returns how many were woken. A signal nobody awaits is not kept."""
+        return self._core.signal(_str("signal", name), payload, None if id is None else _id(id))
+
+    async def signal_async(self, name: str, payload: Any = None, *, id: Optional[int] = None) -> int:  # noqa: A002
+        """:meth:`signal` for asyncio."""
+        return await self._core.signal_async(
+            _str("signal", name), payload, None if id is None else _id(id)
+        )
+
+    def cancel(self, id: int, reason: Optional[str] = None) -> Cancelled:  # noqa: A002
+        """Cancel an instance: at once if it is not executing, else when its
+        step's outcome is written. Raises :class:`gendurable.NotFound`."""
+        what, _status = self._core.cancel(_id(id), reason)
+        return Cancelled(what)
+
+    async def cancel_async(self, id: int, reason: Optional[str] = None) -> Cancelled:  # noqa: A002
+        """:meth:`cancel` for asyncio."""
+        what, _status = await self._core.cancel_async(_id(id), reason)
+        return Cancelled(what)
+
+    def effective_k(self, key: ConcurrencyKey) -> int:
+        """How many steps holding ``key`` may run at once under this configuration."""
+        return self._core.effective_k(key_str(key))
+
+    @property
+    def node_id(self) -> str:
+        """This node's id."""
+        return self._core.node_id
+
+    # --- the worker ---------------------------------------------------------------------
+
+    @property
+    def running(self) -> bool:
+        """Whether this engine's worker node runs."""
+        return self._core.running
+
+    def start(self) -> None:
+        """Start the worker node in the background: it claims runnable instances
+        of the registered workflows and runs their steps (sync steps on worker
+        threads, async steps on the engine's event loop thread)."""
+        with self._lock:
+            if self._core.running:
+                return
+            if not self._workflows:
+                raise InvalidConfig("no workflows registered: register one before starting the worker")
+            self._stop.clear()
+            self._loop = _LoopThread()
+            tables = [(w.name, w.steps, w.fallback) for w in self._workflows.values()]
+            try:
+                self._core.start(tables, _runner.invoke, _runner.invoke_async, self._loop.loop)
+            except BaseException:
+                self._loop.stop()
+                self._loop = None
+                raise
+            _live.add(self)
+
+    def shutdown(self) -> None:
+        """Stop the worker gracefully: stop claiming, let running steps finish
+        within ``shutdown_timeout`` (steps still running then are recorded as
+        errors and retried), write every outcome and hand back claimed rows
+        that never started. Idempotent."""
+        with self._lock:
+            try:
+                self._core.shutdown()
+            finally:
+                if self._loop is not None:
+                    self._loop.stop()
+                    self._loop = None
+                _live.discard(self)
+                self._stop.set()
+
+    def stop(self) -> None:
+        """Ask :meth:`run` to return (from any thread or a signal handler)."""
+        self._stop.set()
+
+    def run(self, *, handle_signals: bool = True) -> None:
+        """Run the worker until SIGINT (Ctrl-C) or SIGTERM, or until
+        :meth:`stop` is called; then shut down gracefully and return.
+
+        Signal handlers are installed only when called from the main thread
+        (and ``handle_signals`` is true); the previous ones are restored on return.
+        """
+        previous: dict[int, Any] = {}
+        if handle_signals and threading.current_thread() is threading.main_thread():
+
+            def on_signal(signum: int, frame: Any) -> None:
+                # Restore at once, so a second signal has its usual effect.
+                for s, h in previous.items():
+                    _signal.signal(s, h)
+                raise _Stop
+
+            for s in (_signal.SIGINT, _signal.SIGTERM):
+                previous[s] = _signal.signal(s, on_signal)
+        try:
+            try:
+                self.start()
+                self._stop.wait()
+            except _Stop:
+                pass
+            finally:
+                self.shutdown()
+        finally:
+            for s, h in previous.items():
+                _signal.signal(s, h)
+
+    async def shutdown_async(self) -> None:
+        """:meth:`shutdown` for asyncio (the event loop is not blocked)."""
+        await self._core.shutdown_async()
+        self.shutdown()
+
+    def __enter__(self) -> Engine:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()
+
+    def __repr__(self) -> str:
+        return f"<gendurable.Engine schema={self.schema!r} node={self.node_id!r}>"
+
+
+def _id(v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise InvalidInput(f"invalid id: must be an int, got {v!r}", field="id")
+    if not -(2**63) <= v < 2**63:
+        raise InvalidInput(f"invalid id: out of range: {v}", field="id")
+    return v
+
+
+def _news(instances: Iterable[Any]) -> list[tuple]:
+    out = []
+    for n in instances:
+        if isinstance(n, NewInstance):
+            out.append(n._t)
+        elif isinstance(n, Mapping):
+            out.append(NewInstance(**n)._t)
+        else:
+            raise InvalidInput(
+                f"invalid instances: expected NewInstance objects, got {n!r}", field="instances"
+            )
+    return out

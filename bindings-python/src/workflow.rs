@@ -1,0 +1,268 @@
+//! Python step functions run by the core's node.
+//!
+//! Sync steps run on the runtime's blocking pool (one thread per running
+//! step; the queues' concurrency bounds how many run at once), each taking
+//! the GIL only while Python code runs. Async steps are submitted to the
+//! engine's asyncio loop thread; the node's task waits for their result
+//! without holding a thread or the GIL.
+
+use crate::values::{to_json, to_py};
+use gendurable::{
+    AwaitOn, ConcurrencyKey, KeyChange, NextOptions, StepContext, StepResult, Transition, Wake,
+    Workflow,
+};
+use pyo3::prelude::*;
+use pyo3::types::{PyString, PyTuple};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::oneshot;
+
+/// A step function: `(fn, is_async, takes_step)`.
+pub(crate) struct PyStep {
+    f: Py<PyAny>,
+    is_async: bool,
+    takes_step: bool,
+}
+
+impl<'a, 'py> FromPyObject<'a, 'py> for PyStep {
+    type Error = PyErr;
+    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        let (f, is_async, takes_step): (Bound<'py, PyAny>, bool, bool) = obj.extract()?;
+        Ok(PyStep {
+            f: f.unbind(),
+            is_async,
+            takes_step,
+        })
+    }
+}
+
+/// The package's runners and the asyncio loop, shared by every workflow.
+pub(crate) struct Hooks {
+    /// `_invoke(fn, takes_step, step, state, ctx) -> encoded transition`
+    pub invoke: Py<PyAny>,
+    /// `_invoke_async(fn, takes_step, step, state, ctx, loop, done) -> concurrent future`
+    pub invoke_async: Py<PyAny>,
+    pub event_loop: Py<PyAny>,
+}
+
+pub(crate) struct PyWorkflow {
+    pub steps: HashMap<String, PyStep>,
+    pub fallback: Option<PyStep>,
+    pub hooks: Arc<Hooks>,
+}
+
+fn ctx_to_py<'py>(py: Python<'py>, ctx: &StepContext) -> PyResult<Bound<'py, PyTuple>> {
+    let wake = match &ctx.wake {
+        None => py.None().into_bound(py),
+        Some(Wake::Signal { name, payload }) => {
+            ("signal", name.as_str(), to_py(py, payload)?).into_pyobject(py)?.into_any()
+        }
+        Some(Wake::Timeout) => ("timeout",).into_pyobject(py)?.into_any(),
+        #[allow(unreachable_patterns)]
+        Some(_) => py.None().into_bound(py),
+    };
+    (
+        ctx.id,
+        ctx.workflow.as_str(),
+        ctx.queue.as_str(),
+        ctx.attempt,
+        ctx.max_attempts,
+        ctx.concurrency_key.as_deref(),
+        ctx.rate_limit.as_deref(),
+        wake,
+    )
+        .into_pyobject(py)
+}
+
+fn secs(what: &str, s: f64) -> Result<Duration, String> {
+    Duration::try_from_secs_f64(s).map_err(|_| format!("{what} must be a finite number of seconds, zero or more; got {s}"))
+}
+
+/// Decode the tuple `_invoke` returns (see `gendurable/_runner.py`).
+fn decode(t: &Bound<'_, PyAny>) -> Transition {
+    match try_decode(t) {
+        Ok(tr) => tr,
+        Err(reason) => Transition::Error {
+            reason: format!("the step returned an unusable transition: {reason}"),
+            detail: None,
+        },
+    }
+}
+
+fn try_decode(t: &Bound<'_, PyAny>) -> Result<Transition, String> {
+    let t = t.cast::<PyTuple>().map_err(|e| e.to_string())?;
+    let kind: String = t.get_item(0).and_then(|k| k.extract()).map_err(|e| e.to_string())?;
+    let item = |i: usize| t.get_item(i).map_err(|e| e.to_string());
+    let s = |i: usize| -> Result<String, String> { item(i)?.extract().map_err(|e: PyErr| e.to_string()) };
+    let os = |i: usize| -> Result<Option<String>, String> {
+        item(i)?.extract().map_err(|e: PyErr| e.to_string())
+    };
+    let of = |i: usize| -> Result<Option<f64>, String> {
+        item(i)?.extract().map_err(|e: PyErr| e.to_string())
+    };
+    let state = |i: usize| -> Result<serde_json::Value, String> {
+        to_json("state", &item(i)?).map_err(|e| Python::attach(|py| e.value(py).to_string()))
+    };
+    Ok(match kind.as_str() {
+        "next" => {
+            let mode: u8 = item(3)?.extract().map_err(|e: PyErr| e.to_string())?;
+            let concurrency_key = match mode {
+                0 => KeyChange::Keep,
+                1 => KeyChange::Release,
+                _ => KeyChange::Set(ConcurrencyKey::from(s(4)?)),
+            };
+            let delay = of(6)?.map(|d| secs("delay", d)).transpose()?;
+            Transition::next_with(
+                s(1)?,
+                state(2)?,
+                NextOptions {
+                    concurrency_key,
+                    rate_limit: os(5)?,
+                    delay,
+                },
+            )
+        }
+        "done" => Transition::done(state(1)?),
+        "await" => {
+            let until = match of(5)? {
+                Some(t) => Some(
+                    crate::values::timestamp("until", t)
+                        .map_err(|e| Python::attach(|py| e.value(py).to_string()))?,
+                ),
+                None => None,
+            };
+            Transition::await_on(
+                s(1)?,
+                state(2)?,
+                AwaitOn {
+                    signal: os(3)?,
+                    timeout: of(4)?.map(|d| secs("timeout", d)).transpose()?,
+                    until,
+                },
+            )
+        }
+        "snooze" => Transition::snooze(secs("snooze", of(1)?.unwrap_or(0.0))?),
+        "error" => Transition::Error {
+            reason: s(1)?,
+            detail: os(2)?,
+        },
+        "cancel" => Transition::cancel(s(1)?),
+        other => return Err(format!("unknown kind {other:?}")),
+    })
+}
+
+/// The callback a concurrent future calls when an async step finishes.
+#[pyclass(frozen)]
+struct Done {
+    tx: Mutex<Option<oneshot::Sender<Transition>>>,
+}
+
+#[pymethods]
+impl Done {
+    fn __call__(&self, fut: &Bound<'_, PyAny>) {
+        let tr = match fut.call_method0("result") {
+            Ok(t) => decode(&t),
+            Err(e) => Transition::Error {
+                reason: format!("the step's task failed: {}", e.value(fut.py())),
+                detail: None,
+            },
+        };
+        if let Some(tx) = self.tx.lock().unwrap().take() {
+            let _ = tx.send(tr);
+        }
+    }
+}
+
+/// Cancels the asyncio task if the node abandons the step (shutdown timeout).
+struct CancelOnDrop(Option<Py<PyAny>>);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        if let Some(fut) = self.0.take() {
+            Python::attach(|py| {
+                let _ = fut.bind(py).call_method0("cancel");
+            });
+        }
+    }
+}
+
+#[gendurable::async_trait]
+impl Workflow for PyWorkflow {
+    async fn step(&self, step: &str, state: serde_json::Value, ctx: StepContext) -> StepResult {
+        let Some(s) = self.steps.get(step).or(self.fallback.as_ref()) else {
+            return Ok(Transition::error(format!(
+                "workflow {:?} has no step {step:?}",
+                ctx.workflow
+            )));
+        };
+        let hooks = self.hooks.clone();
+        let (f, is_async, takes_step) =
+            Python::attach(|py| (s.f.clone_ref(py), s.is_async, s.takes_step));
+        let step = step.to_owned();
+        if !is_async {
+            let out = tokio::task::spawn_blocking(move || {
+                Python::attach(|py| {
+                    let call = || -> PyResult<Transition> {
+                        let args = (
+                            f.bind(py),
+                            takes_step,
+                            PyString::new(py, &step),
+                            to_py(py, &state)?,
+                            ctx_to_py(py, &ctx)?,
+                        );
+                        let out = hooks.invoke.bind(py).call1(args)?;
+                        Ok(decode(&out))
+                    };
+                    call().unwrap_or_else(|e| Transition::Error {
+                        reason: format!("calling the step failed: {}", e.value(py)),
+                        detail: None,
+                    })
+                })
+            })
+            .await?;
+            return Ok(out);
+        }
+        let (tx, rx) = oneshot::channel();
+        let submitted = tokio::task::spawn_blocking(move || {
+            Python::attach(|py| -> PyResult<Py<PyAny>> {
+                let done = Py::new(
+                    py,
+                    Done {
+                        tx: Mutex::new(Some(tx)),
+                    },
+                )?;
+                let args = (
+                    f.bind(py),
+                    takes_step,
+                    PyString::new(py, &step),
+                    to_py(py, &state)?,
+                    ctx_to_py(py, &ctx)?,
+                    hooks.event_loop.bind(py),
+                    done,
+                );
+                Ok(hooks.invoke_async.bind(py).call1(args)?.unbind())
+            })
+        })
+        .await?;
+        let fut = match submitted {
+            Ok(fut) => fut,
+            Err(e) => {
+                return Ok(Transition::Error {
+                    reason: format!(
+                        "could not start the async step: {}",
+                        Python::attach(|py| e.value(py).to_string())
+                    ),
+                    detail: None,
+                })
+            }
+        };
+        let mut guard = CancelOnDrop(Some(fut));
+        let tr = rx.await;
+        // Finished: nothing to cancel (the reference is released later, when
+        // some thread holds the GIL).
+        guard.0 = None;
+        Ok(tr.unwrap_or_else(|_| Transition::error("the async step was dropped before it finished")))
+    }
+}
+
