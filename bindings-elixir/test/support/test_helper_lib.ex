@@ -8,6 +8,13 @@ defmodule GenDurable.TestHelper do
 
   @doc "Starts an engine on a fresh schema; returns its name."
   def start_engine(opts) do
+    opts = engine_opts(opts)
+    start_supervised!({GenDurable, opts})
+    opts[:name]
+  end
+
+  @doc "Options of a test engine on a fresh schema."
+  def engine_opts(opts) do
     n = unique()
     name = :"gd_engine_#{n}"
 
@@ -24,8 +31,7 @@ defmodule GenDurable.TestHelper do
       pool_size: 8
     ]
 
-    start_supervised!({GenDurable, Keyword.merge(defaults, opts)})
-    name
+    Keyword.merge(defaults, opts)
   end
 
   def start_engine_result(opts) do
