@@ -16,6 +16,7 @@ mod instance;
 mod node;
 mod outcome;
 mod stats;
+mod status;
 mod transition;
 pub mod validate;
 mod workflow;
@@ -28,5 +29,6 @@ pub use instance::{
     Instance, NewInstance, Status, DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, DEFAULT_STEP,
 };
 pub use stats::{Stats, StatsSnapshot};
+pub use status::{ClusterStatus, GateStatus, KeyLimit, NodeStatus, QueueCount, RateStatus};
 pub use transition::{AwaitOn, ConcurrencyKey, KeyChange, NextOptions, Transition, Wake};
 pub use workflow::{BoxError, FnWorkflow, StepContext, StepResult, Workflow};

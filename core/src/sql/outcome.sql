@@ -40,13 +40,13 @@ WITH o AS (
 ), credit AS (
     SELECT gkey, gshard, count(*)::integer AS n FROM upd WHERE gshard IS NOT NULL GROUP BY 1, 2
 ), locked AS (
-    SELECT g.key, g.shard, c.n FROM __S__.gate_slots g
+    SELECT g.key, g.shard, g.available, g.capacity, c.n FROM __S__.gate_slots g
     JOIN credit c ON c.gkey = g.key AND c.gshard = g.shard
     ORDER BY g.key, g.shard
     FOR UPDATE OF g
 ), credited AS (
-    -- least(): a counter is never credited above its capacity.
-    UPDATE __S__.gate_slots g SET available = least(g.available + l.n, g.capacity)
+    -- From the locked version (see the pick); least(): never above capacity.
+    UPDATE __S__.gate_slots g SET available = least(l.available + l.n, l.capacity)
     FROM locked l
     WHERE g.key = l.key AND g.shard = l.shard
     RETURNING 1

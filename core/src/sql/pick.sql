@@ -12,7 +12,7 @@
 -- limit; (4) write: mint and debit exactly for the chosen rows, then claim.
 -- A row one limit rejects debits no other limit.
 WITH win AS MATERIALIZED (
-    SELECT i.id, i.priority, i.scheduled_at, i.concurrency_key AS ckey, i.rate_key AS rkey,
+    SELECT i.id, i.priority, i.scheduled_at, i.concurrency_key AS ckey, i.rate_key AS rkey, i.attempt,
            array_position($6::text[], split_part(i.concurrency_key, ':', 1)) AS gi,
            array_position($9::text[], split_part(i.rate_key, ':', 1)) AS ri
     FROM __S__.instances i
@@ -85,7 +85,7 @@ WITH win AS MATERIALIZED (
        OR (r.gi IS NULL AND r.krank = 1)
        OR (r.gi IS NOT NULL AND r.krank <= g.cap)
 ), chosen AS MATERIALIZED (
-    SELECT c.id, c.priority, c.scheduled_at, c.ckey, c.gi, c.rkey, c.ri, a.fresh AS rfresh
+    SELECT c.id, c.priority, c.scheduled_at, c.ckey, c.gi, c.rkey, c.ri, c.attempt, a.fresh AS rfresh
     FROM cand c LEFT JOIN rallow a ON a.rkey = c.rkey
     WHERE (c.ri IS NULL OR c.rrank <= a.allowed)
       AND (c.ckey IS NULL OR c.gi IS NOT NULL OR __S__.claim_key(c.ckey))
@@ -122,8 +122,13 @@ WITH win AS MATERIALIZED (
     ORDER BY 1, 2
     RETURNING 1
 ), debited AS (
-    UPDATE __S__.gate_slots s SET available = s.available - d.n
-    FROM (SELECT ckey, shard, count(*)::integer AS n FROM gassign WHERE NOT fresh GROUP BY 1, 2) d
+    -- New values come from the versions this statement locked (shards,
+    -- rlocked), never from the UPDATE's own scan: that scan reads the
+    -- statement snapshot, which may predate a credit committed before the lock.
+    UPDATE __S__.gate_slots s SET available = d.available - d.n
+    FROM (SELECT a.ckey, a.shard, sh.available, count(*)::integer AS n
+          FROM gassign a JOIN shards sh ON sh.key = a.ckey AND sh.shard = a.shard
+          WHERE NOT a.fresh GROUP BY 1, 2, 3) d
     WHERE s.key = d.ckey AND s.shard = d.shard
     RETURNING 1
 ), rdebit AS (
@@ -134,13 +139,13 @@ WITH win AS MATERIALIZED (
     ORDER BY 1
     RETURNING 1
 ), rdebited AS (
-    UPDATE __S__.rate_state rs SET tat = greatest(rs.tat, now()) + make_interval(secs => d.n * $10[d.ri])
-    FROM rdebit d
+    UPDATE __S__.rate_state rs SET tat = greatest(l.tat, now()) + make_interval(secs => d.n * $10[d.ri])
+    FROM rdebit d JOIN rlocked l ON l.key = d.rkey
     WHERE NOT d.rfresh AND rs.key = d.rkey
     RETURNING 1
 )
 UPDATE __S__.instances i
-SET status = 'executing', node = $5, attempt = i.attempt + 1, attempted_at = now(), gate_shard = a.shard
+SET status = 'executing', node = $5, attempt = c.attempt + 1, attempted_at = now(), gate_shard = a.shard
 FROM chosen c LEFT JOIN gassign a ON a.id = c.id
 WHERE i.id = c.id
 RETURNING i.id, i.workflow, i.step, i.state, i.queue, i.priority, i.attempt, i.max_attempts,

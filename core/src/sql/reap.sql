@@ -3,24 +3,26 @@
 -- discarded. Gate counters are not credited here (the safe direction): the
 -- reconciler restores them from the executing rows.
 WITH lost AS (
-    SELECT i.id FROM __S__.instances i
+    SELECT i.id, i.cancel_requested, i.attempt, i.max_attempts, i.errors, i.step, i.node
+    FROM __S__.instances i
     WHERE i.status = 'executing'
       AND NOT EXISTS (SELECT 1 FROM __S__.nodes n
                       WHERE n.id = i.node AND n.heartbeat_at > now() - make_interval(secs => $1))
     FOR UPDATE OF i SKIP LOCKED
 ), rescued AS (
+    -- Values come from the locked versions (lost), not the UPDATE's snapshot.
     UPDATE __S__.instances i SET
-        status = CASE WHEN i.cancel_requested THEN 'cancelled'
-                      WHEN i.attempt >= i.max_attempts THEN 'discarded'
+        status = CASE WHEN l.cancel_requested THEN 'cancelled'
+                      WHEN l.attempt >= l.max_attempts THEN 'discarded'
                       ELSE 'available' END,
-        finished_at = CASE WHEN i.cancel_requested OR i.attempt >= i.max_attempts THEN now() END,
-        errors = i.errors || jsonb_build_array(jsonb_build_object(
-            'kind', 'lost', 'step', i.step, 'attempt', i.attempt, 'node', i.node, 'at', now(),
-            'message', 'node ' || coalesce(i.node, '?') || ' stopped heartbeating while the step ran')),
+        finished_at = CASE WHEN l.cancel_requested OR l.attempt >= l.max_attempts THEN now() END,
+        errors = l.errors || jsonb_build_array(jsonb_build_object(
+            'kind', 'lost', 'step', l.step, 'attempt', l.attempt, 'node', l.node, 'at', now(),
+            'message', 'node ' || coalesce(l.node, '?') || ' stopped heartbeating while the step ran')),
         node = NULL,
         gate_shard = NULL,
         scheduled_at = now()
-    FROM lost WHERE i.id = lost.id
+    FROM lost l WHERE i.id = l.id
     RETURNING i.id
 )
 SELECT count(*) AS rescued,

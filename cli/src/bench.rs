@@ -1,0 +1,204 @@
+//! `gendurable bench`: end-to-end throughput on a throwaway Postgres (fsync
+//! on) or DATABASE_URL. Each case runs in a fresh schema.
+
+use anyhow::Result;
+use gendurable::{Engine, GateConfig, NewInstance, Transition};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::json;
+use std::time::{Duration, Instant};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// No-op instances per throughput case.
+    #[arg(long, default_value_t = 20_000)]
+    jobs: usize,
+    /// Worker concurrencies to measure no-op steps/s at.
+    #[arg(long, value_delimiter = ',', default_value = "10,20,50")]
+    concurrency: Vec<u32>,
+    /// Skip the concurrency-key and gate cases.
+    #[arg(long)]
+    no_keys: bool,
+}
+
+struct Row {
+    case: String,
+    rate: f64,
+    unit: &'static str,
+    note: String,
+}
+
+pub async fn run(args: Args) -> Result<()> {
+    let (url, _pg) = crate::database(true).await?;
+    let mut rows = Vec::new();
+    let n = args.jobs;
+
+    // Inserts, one per call and batched.
+    let engine = client(&url, &fresh("ins1")).await?;
+    let single = 2000.min(n);
+    let t = Instant::now();
+    for i in 0..single {
+        engine.insert(noop(i)).await?;
+    }
+    rows.push(row(
+        "insert, one per call",
+        single,
+        t.elapsed(),
+        "inserts/s",
+        "",
+    ));
+    let engine = client(&url, &fresh("insn")).await?;
+    let t = Instant::now();
+    engine.insert_many((0..n).map(noop).collect()).await?;
+    rows.push(row(
+        &format!("insert_many, {n} in one call"),
+        n,
+        t.elapsed(),
+        "inserts/s",
+        "",
+    ));
+
+    // No-op steps at several concurrencies.
+    let mut keyless = std::collections::HashMap::new();
+    for &c in &args.concurrency {
+        let r = steps(
+            &url,
+            &format!("no-op steps, concurrency {c}"),
+            n,
+            c,
+            Duration::ZERO,
+            None,
+            |i| noop(i),
+        )
+        .await?;
+        keyless.insert(c, r.rate);
+        rows.push(r);
+    }
+
+    if !args.no_keys {
+        let base = |c: u32| keyless.get(&c).copied();
+        // 100 K = 1 keys.
+        let c = 20;
+        let mut r = steps(
+            &url,
+            "no-op steps over 100 K = 1 keys, concurrency 20",
+            n,
+            c,
+            Duration::ZERO,
+            None,
+            |i| noop(i).concurrency_key(("acct", i % 100)),
+        )
+        .await?;
+        if let Some(b) = base(c) {
+            r.note = format!("{:.0} % of keyless", 100.0 * r.rate / b);
+        }
+        rows.push(r);
+        // A gate of 10 with 20 ms steps: ideal 500 steps/s.
+        let jobs = 2000;
+        let mut r = steps(
+            &url,
+            "gate limit 10, 20 ms steps, concurrency 20",
+            jobs,
+            20,
+            Duration::from_millis(20),
+            Some(("api", GateConfig::new(10))),
+            |i| noop(i).concurrency_key("api:1"),
+        )
+        .await?;
+        r.note = format!("{:.0} % of ideal 500/s", 100.0 * r.rate / 500.0);
+        rows.push(r);
+        // A gate of 1000 over 10 shards.
+        let c = 50;
+        let mut r = steps(
+            &url,
+            "gate limit 1000 / 10 shards, no-op, concurrency 50",
+            n,
+            c,
+            Duration::ZERO,
+            Some(("big", GateConfig::new(1000).shards(10))),
+            |i| noop(i).concurrency_key("big:1"),
+        )
+        .await?;
+        if let Some(b) = base(c) {
+            r.note = format!("{:.0} % of keyless", 100.0 * r.rate / b);
+        }
+        rows.push(r);
+    }
+
+    println!("\n| case | rate | note |\n|---|---:|---|");
+    for r in rows {
+        println!("| {} | {:.0} {} | {} |", r.case, r.rate, r.unit, r.note);
+    }
+    Ok(())
+}
+
+fn fresh(what: &str) -> String {
+    format!("bench_{what}_{:08x}", rand::random::<u32>())
+}
+
+fn noop(i: usize) -> NewInstance {
+    NewInstance::new("Noop", json!({ "i": i }))
+}
+
+fn row(case: &str, n: usize, d: Duration, unit: &'static str, note: &str) -> Row {
+    let rate = n as f64 / d.as_secs_f64();
+    println!("{case}: {rate:.0} {unit}");
+    Row {
+        case: case.into(),
+        rate,
+        unit,
+        note: note.into(),
+    }
+}
+
+async fn client(url: &str, schema: &str) -> Result<Engine> {
+    Ok(Engine::builder().url(url).schema(schema).build().await?)
+}
+
+/// Insert `n` one-step instances, then start a node and time it to the last outcome.
+async fn steps(
+    url: &str,
+    case: &str,
+    n: usize,
+    concurrency: u32,
+    pause: Duration,
+    gate: Option<(&str, GateConfig)>,
+    make: impl Fn(usize) -> NewInstance,
+) -> Result<Row> {
+    let mut b = Engine::builder()
+        .url(url)
+        .schema(fresh("steps"))
+        .queue("default", concurrency)
+        .workflow_fn("Noop", move |_step, state, _ctx| async move {
+            if !pause.is_zero() {
+                tokio::time::sleep(pause).await;
+            }
+            Ok(Transition::done(state))
+        });
+    if let Some((name, g)) = gate {
+        b = b.concurrency_limit(name, g);
+    }
+    let engine = b.build().await?;
+    for chunk in (0..n).collect::<Vec<_>>().chunks(10_000) {
+        engine
+            .insert_many(chunk.iter().map(|&i| make(i)).collect())
+            .await?;
+    }
+    let bar = ProgressBar::new(n as u64);
+    bar.set_style(ProgressStyle::with_template(&format!(
+        "{case:<50} {{bar:30}} {{pos}}/{{len}} {{per_sec}}"
+    ))?);
+    let t = Instant::now();
+    engine.start().await?;
+    loop {
+        let done = engine.stats().snapshot().outcomes;
+        bar.set_position(done);
+        if done >= n as u64 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let elapsed = t.elapsed();
+    bar.finish_and_clear();
+    engine.shutdown().await?;
+    Ok(row(case, n, elapsed, "steps/s", ""))
+}
