@@ -287,6 +287,20 @@ impl Engine {
         }
     }
 
+    /// One reaper pass now: rows executing on nodes whose heartbeat is older
+    /// than the lease become runnable again. Returns how many were rescued.
+    /// Running nodes do this on their own every heartbeat interval.
+    pub async fn reap_now(&self) -> Result<u64> {
+        crate::node::reap(&self.inner).await
+    }
+
+    /// One gate reconciler sweep now: counters are reset from the executing
+    /// rows and idle keys' counters deleted. Returns the counters changed.
+    /// Running nodes do this on their own every GC interval.
+    pub async fn reconcile_gates_now(&self) -> Result<u64> {
+        crate::node::reconcile_gates(&self.inner).await
+    }
+
     /// Insert one instance; returns its id.
     pub async fn insert(&self, new: NewInstance) -> Result<i64> {
         let ids = self.insert_many(vec![new]).await?;

@@ -1,0 +1,539 @@
+//! Concurrency keys, gates and rate limits, observed from the outside with
+//! three engine nodes on one database.
+mod support;
+
+use gendurable::{
+    AwaitOn, ConcurrencyKey, Engine, GateConfig, KeyChange, NewInstance, NextOptions, RateConfig,
+    Status, Transition,
+};
+use serde_json::json;
+use std::sync::Arc;
+use std::time::Duration;
+use support::Observer;
+use tokio::sync::Notify;
+
+/// A node whose one-step workflow "Obs" records start and end by key.
+async fn observed_node(
+    url: &str,
+    schema: &str,
+    obs: Observer,
+    gates: &[(&str, GateConfig)],
+) -> Engine {
+    let mut b = support::builder(url, schema).queue("default", 10);
+    for (name, g) in gates {
+        b = b.concurrency_limit(*name, g.clone());
+    }
+    b.workflow_fn("Obs", move |step, state, ctx| {
+        let obs = obs.clone();
+        async move {
+            let key = ctx
+                .concurrency_key
+                .clone()
+                .unwrap_or_else(|| format!("none:{}", ctx.id));
+            obs.record(ctx.id, &key, "start", &step).await;
+            tokio::time::sleep(Duration::from_micros(rand::random::<u64>() % 3000)).await;
+            obs.record(ctx.id, &key, "end", &step).await;
+            Ok(Transition::done(state))
+        }
+    })
+    .start()
+    .await
+    .unwrap()
+}
+
+async fn all_final(engine: &Engine, schema: &str, n: i64) {
+    let pool = engine.pool().clone();
+    let schema = schema.to_owned();
+    support::eventually("all instances completed", Duration::from_secs(180), || {
+        let (pool, schema) = (pool.clone(), schema.clone());
+        async move { support::count(&pool, &schema, "completed").await == n }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_nodes_never_over_admit() {
+    let url = support::url();
+    let schema = support::schema("adm");
+    let obs = Observer::new(&url, &schema).await;
+    let gates = [
+        ("api", GateConfig::new(4)),
+        ("big", GateConfig::new(6).shards(3)),
+    ];
+    let mut nodes = Vec::new();
+    for _ in 0..3 {
+        nodes.push(observed_node(&url, &schema, obs.clone(), &gates).await);
+    }
+    let mut news = Vec::new();
+    for i in 0..2000 {
+        news.push(NewInstance::new("Obs", json!({})).concurrency_key(("acct", i % 40)));
+    }
+    for _ in 0..700 {
+        news.push(NewInstance::new("Obs", json!({})).concurrency_key("api:1"));
+        news.push(NewInstance::new("Obs", json!({})).concurrency_key("big:1"));
+    }
+    let n = news.len() as i64;
+    nodes[0].insert_many(news).await.unwrap();
+    all_final(&nodes[0], &schema, n).await;
+
+    let max = obs.max_per_key().await;
+    for i in 0..40 {
+        assert_eq!(
+            max[&format!("acct:{i}")],
+            1,
+            "K = 1 key acct:{i} overlapped"
+        );
+    }
+    assert!(
+        max["api:1"] <= 4,
+        "gate api (limit 4) reached {}",
+        max["api:1"]
+    );
+    assert!(
+        max["big:1"] <= 6,
+        "gate big (limit 6, 3 shards) reached {}",
+        max["big:1"]
+    );
+    assert!(
+        max["api:1"] > 1 && max["big:1"] > 1,
+        "gated keys did run in parallel: {max:?}"
+    );
+    let mut claimed = 0;
+    for e in &nodes {
+        let s = e.stats().snapshot();
+        assert_eq!(s.pick_errors, 0, "{s:?}");
+        claimed += s.claimed;
+    }
+    assert_eq!(claimed as i64, n, "no wasted or repeated claims");
+    // Idle now: the reconciler leaves no counter below capacity.
+    nodes[0].reconcile_gates_now().await.unwrap();
+    for g in nodes[0].status().await.unwrap().gates {
+        assert_eq!(g.available, g.limit, "{g:?}");
+    }
+    for e in nodes {
+        e.shutdown().await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn the_database_rejects_over_admission() {
+    let url = support::url();
+    let schema = support::schema("reject");
+    let engine = support::builder(&url, &schema).build().await.unwrap();
+    let ids = engine
+        .insert_many(vec![
+            NewInstance::new("W", json!({})).concurrency_key("acct:1"),
+            NewInstance::new("W", json!({})).concurrency_key("acct:1"),
+        ])
+        .await
+        .unwrap();
+    let s = format!("\"{schema}\"");
+    let exec = format!("UPDATE {s}.instances SET status = 'executing', node = 'x' WHERE id = $1");
+    sqlx::query(&exec)
+        .bind(ids[0])
+        .execute(engine.pool())
+        .await
+        .unwrap();
+    let err = sqlx::query(&exec)
+        .bind(ids[1])
+        .execute(engine.pool())
+        .await
+        .unwrap_err();
+    let db = err.as_database_error().unwrap();
+    assert_eq!(db.code().as_deref(), Some("23505"));
+    assert_eq!(db.constraint(), Some("instances_k1"));
+
+    sqlx::query(&format!(
+        "INSERT INTO {s}.gate_slots VALUES ('api:1', 0, 2, 0)"
+    ))
+    .execute(engine.pool())
+    .await
+    .unwrap();
+    for bad in ["available - 1", "available + 3"] {
+        let err = sqlx::query(&format!("UPDATE {s}.gate_slots SET available = {bad}"))
+            .execute(engine.pool())
+            .await
+            .unwrap_err();
+        let db = err.as_database_error().unwrap();
+        assert_eq!(db.code().as_deref(), Some("23514"), "{bad}");
+        assert_eq!(db.constraint(), Some("gate_slots_bounds"));
+    }
+}
+
+/// A workflow whose steps wait for the test's go-ahead, telling it when they start.
+struct Gates {
+    started: tokio::sync::mpsc::UnboundedSender<(i64, String, Option<String>)>,
+    release: Arc<Notify>,
+}
+
+fn controlled(b: gendurable::EngineBuilder, g: Arc<Gates>) -> gendurable::EngineBuilder {
+    b.workflow_fn("Ctl", move |step, state, ctx| {
+        let g = g.clone();
+        async move {
+            g.started
+                .send((ctx.id, step.clone(), ctx.concurrency_key.clone()))
+                .unwrap();
+            let plan = state["plan"][&step].clone();
+            if plan["wait"].as_bool() == Some(true) {
+                g.release.notified().await;
+            }
+            Ok(match plan["do"].as_str() {
+                Some("release") => Transition::next_with(
+                    plan["to"].as_str().unwrap(),
+                    state.clone(),
+                    NextOptions {
+                        concurrency_key: KeyChange::Release,
+                        ..Default::default()
+                    },
+                ),
+                Some("switch") => Transition::next_with(
+                    plan["to"].as_str().unwrap(),
+                    state.clone(),
+                    NextOptions {
+                        concurrency_key: KeyChange::Set(ConcurrencyKey::from(
+                            plan["key"].as_str().unwrap(),
+                        )),
+                        ..Default::default()
+                    },
+                ),
+                Some("await") => Transition::await_on(
+                    plan["to"].as_str().unwrap(),
+                    state.clone(),
+                    AwaitOn::signal("go"),
+                ),
+                _ => Transition::done(state),
+            })
+        }
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_switch_await_and_prefix_capture() {
+    let url = support::url();
+    let schema = support::schema("keys");
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let g = Arc::new(Gates {
+        started: tx,
+        release: Arc::new(Notify::new()),
+    });
+    let engine = controlled(
+        support::builder(&url, &schema)
+            .queue("default", 10)
+            .concurrency_limit("api", GateConfig::new(1))
+            .concurrency_limit("order", GateConfig::new(2)),
+        g.clone(),
+    )
+    .start()
+    .await
+    .unwrap();
+    async fn started(
+        rx: &mut tokio::sync::mpsc::UnboundedReceiver<(i64, String, Option<String>)>,
+    ) -> (i64, String, Option<String>) {
+        tokio::time::timeout(Duration::from_secs(30), rx.recv())
+            .await
+            .expect("a step started")
+            .unwrap()
+    }
+
+    // Release: A releases acct:9 and keeps running; B (acct:9) starts meanwhile.
+    let a = engine
+        .insert(
+            NewInstance::new(
+                "Ctl",
+                json!({"plan": {"start": {"do": "release", "to": "free"}, "free": {"wait": true}}}),
+            )
+            .concurrency_key("acct:9"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        started(&mut rx).await,
+        (a, "start".into(), Some("acct:9".into()))
+    );
+    assert_eq!(started(&mut rx).await, (a, "free".into(), None));
+    let b = engine
+        .insert(NewInstance::new("Ctl", json!({"plan": {}})).concurrency_key("acct:9"))
+        .await
+        .unwrap();
+    assert_eq!(
+        started(&mut rx).await,
+        (b, "start".into(), Some("acct:9".into())),
+        "the released key admits B"
+    );
+    g.release.notify_one();
+
+    // Switch: A moves from acct:1 to acct:2 and holds acct:2 while waiting.
+    let a = engine
+        .insert(NewInstance::new("Ctl", json!({"plan": {"start": {"do": "switch", "to": "two", "key": "acct:2"}, "two": {"wait": true}}}))
+            .concurrency_key("acct:1"))
+        .await
+        .unwrap();
+    assert_eq!(
+        started(&mut rx).await,
+        (a, "start".into(), Some("acct:1".into()))
+    );
+    assert_eq!(
+        started(&mut rx).await,
+        (a, "two".into(), Some("acct:2".into()))
+    );
+    let c = engine
+        .insert(NewInstance::new("Ctl", json!({"plan": {}})).concurrency_key("acct:2"))
+        .await
+        .unwrap();
+    let b = engine
+        .insert(NewInstance::new("Ctl", json!({"plan": {}})).concurrency_key("acct:1"))
+        .await
+        .unwrap();
+    assert_eq!(
+        started(&mut rx).await,
+        (b, "start".into(), Some("acct:1".into())),
+        "acct:1 is free after the switch"
+    );
+    // C must wait for A to leave acct:2: it is still available after B finished.
+    let e = engine.clone();
+    support::eventually("B done", Duration::from_secs(10), || {
+        let e = e.clone();
+        async move { e.get(b).await.unwrap().status == Status::Completed }
+    })
+    .await;
+    assert_eq!(
+        engine.get(c).await.unwrap().status,
+        Status::Available,
+        "acct:2 is held by A"
+    );
+    g.release.notify_one();
+    assert_eq!(
+        started(&mut rx).await,
+        (c, "start".into(), Some("acct:2".into()))
+    );
+
+    // An await releases the gate slot; the woken step re-admits through the gate.
+    let a = engine
+        .insert(
+            NewInstance::new(
+                "Ctl",
+                json!({"plan": {"start": {"do": "await", "to": "after"}}}),
+            )
+            .concurrency_key("api:1"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        started(&mut rx).await,
+        (a, "start".into(), Some("api:1".into()))
+    );
+    let e = engine.clone();
+    support::eventually("A parked", Duration::from_secs(10), || {
+        let e = e.clone();
+        async move { e.get(a).await.unwrap().status == Status::Awaiting }
+    })
+    .await;
+    let b = engine
+        .insert(
+            NewInstance::new("Ctl", json!({"plan": {"start": {"wait": true}}}))
+                .concurrency_key("api:1"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        started(&mut rx).await,
+        (b, "start".into(), Some("api:1".into())),
+        "the parked A holds no slot"
+    );
+    assert_eq!(engine.signal("go", json!(null)).await.unwrap(), 1);
+    // The gate (limit 1) is taken by B: A's next step waits for it.
+    let gates = engine.status().await.unwrap().gates;
+    assert_eq!(
+        (gates[0].key.as_str(), gates[0].in_flight, gates[0].limit),
+        ("api:1", 1, 1)
+    );
+    g.release.notify_one();
+    assert_eq!(
+        started(&mut rx).await,
+        (a, "after".into(), Some("api:1".into()))
+    );
+
+    // Prefix capture: `order` gates order:42 at 2, so two of them run at once.
+    assert_eq!(engine.key_limit("order:42").k, 2);
+    assert_eq!(engine.key_limit("order:42").gate.as_deref(), Some("order"));
+    assert_eq!(engine.key_limit("orders:42").k, 1);
+    let o1 = engine
+        .insert(
+            NewInstance::new("Ctl", json!({"plan": {"start": {"wait": true}}}))
+                .concurrency_key("order:42"),
+        )
+        .await
+        .unwrap();
+    let o2 = engine
+        .insert(
+            NewInstance::new("Ctl", json!({"plan": {"start": {"wait": true}}}))
+                .concurrency_key("order:42"),
+        )
+        .await
+        .unwrap();
+    let mut both = vec![started(&mut rx).await.0, started(&mut rx).await.0];
+    both.sort();
+    assert_eq!(both, vec![o1, o2], "order:42 admits two at once");
+    g.release.notify_one();
+    g.release.notify_one();
+    engine.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gate_and_rate_limit_compose_without_deadlock() {
+    let url = support::url();
+    let schema = support::schema("rate");
+    let obs = Observer::new(&url, &schema).await;
+    let mut nodes = Vec::new();
+    for _ in 0..3 {
+        let obs = obs.clone();
+        nodes.push(
+            support::builder(&url, &schema)
+                .queue("default", 10)
+                .concurrency_limit("api", GateConfig::new(2))
+                .rate_limit("rl", RateConfig::new(20, Duration::from_secs(1)))
+                .workflow_fn("Obs", move |step, state, ctx| {
+                    let obs = obs.clone();
+                    async move {
+                        obs.record(ctx.id, "api:1", "start", &step).await;
+                        tokio::time::sleep(Duration::from_millis(30)).await;
+                        obs.record(ctx.id, "api:1", "end", &step).await;
+                        Ok(Transition::done(state))
+                    }
+                })
+                .start()
+                .await
+                .unwrap(),
+        );
+    }
+    // Both limits on the same rows, plus rows with only one of them.
+    let mut news = Vec::new();
+    for _ in 0..30 {
+        news.push(
+            NewInstance::new("Obs", json!({}))
+                .concurrency_key("api:1")
+                .rate_limit("rl:1"),
+        );
+    }
+    for _ in 0..10 {
+        news.push(NewInstance::new("Obs", json!({})).rate_limit("rl:1"));
+    }
+    let n = news.len() as i64;
+    nodes[0].insert_many(news).await.unwrap();
+    all_final(&nodes[0], &schema, n).await;
+
+    let max = obs.max_per_key().await;
+    assert!(max["api:1"] <= 2, "gate exceeded: {max:?}");
+    // Starts (claim times) are spaced by the GCRA interval: 1/20 s, burst 1.
+    let starts: Vec<f64> = sqlx::query_scalar(&format!(
+        "SELECT extract(epoch FROM attempted_at)::float8 FROM \"{schema}\".instances ORDER BY attempted_at"
+    ))
+    .fetch_all(nodes[0].pool())
+    .await
+    .unwrap();
+    for w in starts.windows(2) {
+        assert!(
+            w[1] - w[0] >= 0.05 - 1e-6,
+            "two starts {:.4} s apart",
+            w[1] - w[0]
+        );
+    }
+    // Only admitted rows were debited: the rate state is exactly one interval
+    // past the last start, and the gate is back to full capacity.
+    let tat: f64 = sqlx::query_scalar(&format!(
+        "SELECT extract(epoch FROM tat)::float8 FROM \"{schema}\".rate_state"
+    ))
+    .fetch_one(nodes[0].pool())
+    .await
+    .unwrap();
+    assert!(
+        (tat - (starts.last().unwrap() + 0.05)).abs() < 1e-3,
+        "tat {tat} vs last start {:?}",
+        starts.last()
+    );
+    nodes[0].reconcile_gates_now().await.unwrap();
+    let gates = nodes[0].status().await.unwrap().gates;
+    assert!(gates.iter().all(|g| g.available == g.limit), "{gates:?}");
+    for e in nodes {
+        assert_eq!(e.stats().snapshot().pick_errors, 0);
+        e.shutdown().await.unwrap();
+    }
+}
+
+/// Unrelated work keeps flowing past a saturated gate's deep backlog and past
+/// a busy K = 1 key's backlog, at the same priority and inserted earlier.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unrelated_work_flows_past_saturated_backlogs() {
+    let url = support::url();
+    let schema = support::schema("fair");
+    let obs = Observer::new(&url, &schema).await;
+    let engine = support::builder(&url, &schema)
+        .queue("default", 10)
+        .concurrency_limit("slow", GateConfig::new(2))
+        .workflow_fn("Obs", {
+            let obs = obs.clone();
+            move |step, state, ctx| {
+                let obs = obs.clone();
+                async move {
+                    let key = ctx.concurrency_key.clone().unwrap_or_else(|| "free".into());
+                    obs.record(ctx.id, &key, "start", &step).await;
+                    if key != "free" {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                    obs.record(ctx.id, &key, "end", &step).await;
+                    Ok(Transition::done(state))
+                }
+            }
+        })
+        .build()
+        .await
+        .unwrap();
+    let mut news = Vec::new();
+    for _ in 0..2000 {
+        news.push(NewInstance::new("Obs", json!({})).concurrency_key("slow:1"));
+        news.push(NewInstance::new("Obs", json!({})).concurrency_key("hot:1"));
+    }
+    engine.insert_many(news).await.unwrap();
+    let free = engine
+        .insert_many(
+            (0..200)
+                .map(|_| NewInstance::new("Obs", json!({})))
+                .collect(),
+        )
+        .await
+        .unwrap();
+    engine.start().await.unwrap();
+    let e = engine.clone();
+    let last = *free.last().unwrap();
+    support::eventually(
+        "the unrelated work finished",
+        Duration::from_secs(60),
+        || {
+            let e = e.clone();
+            let free = free.clone();
+            async move {
+                let mut done = true;
+                for id in [free[0], last] {
+                    done &= e.get(id).await.unwrap().status == Status::Completed;
+                }
+                done
+            }
+        },
+    )
+    .await;
+    let (free_done, slow_done, hot_done): (i64, i64, i64) = sqlx::query_as(&format!(
+        "SELECT count(*) FILTER (WHERE key = 'free'), count(*) FILTER (WHERE key = 'slow:1'),
+                count(*) FILTER (WHERE key = 'hot:1')
+         FROM \"{schema}\".observed
+         WHERE ev = 'end' AND seq <= (SELECT max(seq) FROM \"{schema}\".observed WHERE key = 'free')"
+    ))
+    .fetch_one(&obs.pool)
+    .await
+    .unwrap();
+    assert_eq!(free_done, 200);
+    assert!(
+        slow_done < 1000 && hot_done < 1000,
+        "the backlogs did not have to drain first: slow {slow_done}, hot {hot_done}"
+    );
+    engine.shutdown().await.unwrap();
+}
