@@ -83,6 +83,22 @@ async fn node_killed_mid_step_is_rescued() {
     unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
     child.wait().unwrap();
 
+    // Once the lease runs out the reaper makes the rows runnable again, but
+    // does not credit the gate: it is under-credited (stricter), never over.
+    let s = survivor.clone();
+    support::eventually("rescued by the reaper", Duration::from_secs(60), || {
+        let s = s.clone();
+        async move { s.reap_now().await.unwrap() > 0 }
+    })
+    .await;
+    assert_eq!(support::count(&pool, &schema, "executing").await, 0);
+    let gate = &survivor.status().await.unwrap().gates[0];
+    assert_eq!((gate.in_flight, gate.available, gate.limit), (0, 0, 3), "under-credited");
+    // The reconciler restores full capacity (an idle key's counters go; the
+    // next claim mints them again, full).
+    survivor.reconcile_gates_now().await.unwrap();
+    assert!(survivor.status().await.unwrap().gates.iter().all(|g| g.available == g.limit));
+
     survivor.start().await.unwrap();
     for &id in &ids {
         let s = survivor.clone();
