@@ -1,1 +1,188 @@
-fn main(){}
+//! Bulkhead admission cost, side by side with `tokio::sync::Semaphore` and a
+//! `Mutex<usize>` counter.
+//!
+//! `cargo bench -p gendurable --bench bulkhead -- --warm-up-time 1 --measurement-time 2`
+//!
+//! Groups (each for limits 1, 16, 64 and 1024):
+//! - `uncontended`: one thread, acquire then release;
+//! - `contended_2_threads`: two threads doing the same on one limiter at once
+//!   (time per attempt and thread; at limit 1 most attempts are refused);
+//! - `saturated`: every permit held, a refused attempt.
+
+use std::hint::black_box;
+use std::sync::{Barrier, Mutex};
+use std::time::{Duration, Instant};
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use gendurable::bulkhead::{Bulkhead, BulkheadConfig};
+use tokio::sync::Semaphore;
+
+const LIMITS: [usize; 4] = [1, 16, 64, 1024];
+
+/// The common baseline: a counter behind a lock.
+struct MutexCounter {
+    count: Mutex<usize>,
+    limit: usize,
+}
+
+struct MutexPermit<'a>(&'a MutexCounter);
+
+impl MutexCounter {
+    fn new(limit: usize) -> Self {
+        MutexCounter {
+            count: Mutex::new(0),
+            limit,
+        }
+    }
+
+    fn try_acquire(&self) -> Option<MutexPermit<'_>> {
+        let mut count = self.count.lock().unwrap();
+        if *count >= self.limit {
+            return None;
+        }
+        *count += 1;
+        Some(MutexPermit(self))
+    }
+}
+
+impl Drop for MutexPermit<'_> {
+    fn drop(&mut self) {
+        *self.0.count.lock().unwrap() -= 1;
+    }
+}
+
+/// Permits kept alive by `Limiter::fill`.
+trait Held {}
+impl<T> Held for T {}
+
+/// The three limiters behind one interface, so every group runs the same
+/// loop for each.
+trait Limiter: Sync {
+    /// Acquire and release once; true if a permit was granted.
+    fn cycle(&self) -> bool;
+    /// Hold every permit, for the saturated group.
+    fn fill(&self) -> Box<dyn Held + '_>;
+}
+
+impl Limiter for Bulkhead {
+    #[inline]
+    fn cycle(&self) -> bool {
+        match self.try_acquire() {
+            Ok(p) => {
+                black_box(&p);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+    fn fill(&self) -> Box<dyn Held + '_> {
+        let held: Vec<_> = (0..self.limit())
+            .map(|_| self.try_acquire().unwrap())
+            .collect();
+        Box::new(held)
+    }
+}
+
+impl Limiter for Semaphore {
+    #[inline]
+    fn cycle(&self) -> bool {
+        match self.try_acquire() {
+            Ok(p) => {
+                black_box(&p);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+    fn fill(&self) -> Box<dyn Held + '_> {
+        let n = self.available_permits() as u32;
+        Box::new(self.try_acquire_many(n).unwrap())
+    }
+}
+
+impl Limiter for MutexCounter {
+    #[inline]
+    fn cycle(&self) -> bool {
+        match self.try_acquire() {
+            Some(p) => {
+                black_box(&p);
+                true
+            }
+            None => false,
+        }
+    }
+    fn fill(&self) -> Box<dyn Held + '_> {
+        let held: Vec<_> = (0..self.limit)
+            .map(|_| self.try_acquire().unwrap())
+            .collect();
+        Box::new(held)
+    }
+}
+
+fn limiters(limit: usize) -> Vec<(&'static str, Box<dyn Limiter>)> {
+    let bulkhead =
+        Bulkhead::new(BulkheadConfig::new(limit, Duration::from_secs(60))).expect("valid config");
+    vec![
+        ("bulkhead", Box::new(bulkhead)),
+        ("tokio_semaphore", Box::new(Semaphore::new(limit))),
+        ("mutex_counter", Box::new(MutexCounter::new(limit))),
+    ]
+}
+
+fn uncontended(c: &mut Criterion) {
+    let mut group = c.benchmark_group("uncontended");
+    for limit in LIMITS {
+        for (name, limiter) in limiters(limit) {
+            group.bench_function(BenchmarkId::new(name, limit), |b| {
+                b.iter(|| assert!(limiter.cycle()))
+            });
+        }
+    }
+    group.finish();
+}
+
+fn contended(c: &mut Criterion) {
+    let mut group = c.benchmark_group("contended_2_threads");
+    for limit in LIMITS {
+        for (name, limiter) in limiters(limit) {
+            let limiter = &*limiter;
+            group.bench_function(BenchmarkId::new(name, limit), |b| {
+                b.iter_custom(|iters| {
+                    let start = Barrier::new(2);
+                    std::thread::scope(|s| {
+                        let other = s.spawn(|| {
+                            start.wait();
+                            for _ in 0..iters {
+                                black_box(limiter.cycle());
+                            }
+                        });
+                        start.wait();
+                        let t = Instant::now();
+                        for _ in 0..iters {
+                            black_box(limiter.cycle());
+                        }
+                        other.join().unwrap();
+                        t.elapsed()
+                    })
+                })
+            });
+        }
+    }
+    group.finish();
+}
+
+fn saturated(c: &mut Criterion) {
+    let mut group = c.benchmark_group("saturated");
+    for limit in LIMITS {
+        for (name, limiter) in limiters(limit) {
+            let _held = limiter.fill();
+            group.bench_function(BenchmarkId::new(name, limit), |b| {
+                b.iter(|| assert!(!limiter.cycle()))
+            });
+        }
+    }
+    group.finish();
+}
+
+criterion_group!(benches, uncontended, contended, saturated);
+criterion_main!(benches);

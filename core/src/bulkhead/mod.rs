@@ -63,11 +63,12 @@
 //!
 //! # Cost
 //!
-//! An acquire and release that find a free slot cost two atomic
-//! read-modify-writes each plus one read of the kernel's coarse clock, with
-//! no lock and no allocation; nothing about waiters or hooks is touched
-//! unless someone waits or hooks are set. A full bulkhead is detected from a
-//! counter, in constant time whatever the limit. `docs/bulkhead.md` has the
+//! An acquire and release that find a free slot cost three atomic
+//! read-modify-writes in all (four once more than 63 permits are held) plus
+//! one read of the kernel's coarse clock, with no lock and no allocation;
+//! nothing about waiters or hooks is touched unless someone waits or hooks
+//! are set. A full bulkhead is recognised from a bitmap and a counter, in
+//! constant time whatever the limit. `docs/bulkhead.md` has the
 //! benchmark figures and the protocol in detail; the implementation notes
 //! are in the `slots` module.
 //!
@@ -241,6 +242,21 @@ struct Waiters {
 impl Bulkhead {
     /// Builds a bulkhead, or says which rule `config` breaks.
     pub fn new(config: BulkheadConfig) -> Result<Bulkhead, BulkheadError> {
+        Self::build(config, slots::WORD_SLOTS)
+    }
+
+    /// As [`new`](Bulkhead::new), tracking at most `word_slots` slots in the
+    /// bitmap, so that small models also exercise the counted slots.
+    #[cfg(gendurable_loom)]
+    #[doc(hidden)]
+    pub fn new_with_word_slots(
+        config: BulkheadConfig,
+        word_slots: usize,
+    ) -> Result<Bulkhead, BulkheadError> {
+        Self::build(config, word_slots)
+    }
+
+    fn build(config: BulkheadConfig, word_slots: usize) -> Result<Bulkhead, BulkheadError> {
         let BulkheadConfig {
             limit,
             reclaim_after,
@@ -289,7 +305,7 @@ impl Bulkhead {
             return Err(invalid("reclaim_after is too large"));
         }
         Ok(Bulkhead {
-            slots: Slots::new(limit, ticks, clock),
+            slots: Slots::with_word_slots(limit, ticks, clock, word_slots),
             wait,
             reclaim_after,
             hooks,

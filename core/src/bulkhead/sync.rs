@@ -29,10 +29,10 @@ mod hint {
     use std::cell::Cell;
 
     thread_local! {
-        // Where this thread found a free slot last time. It most likely
-        // released that slot since, so starting there avoids the slots other
-        // threads are using (less contention) and touches a line that is
-        // probably still in this core's cache.
+        // Where this thread found a free counted slot (past the bitmap) last
+        // time. It most likely released that slot since, so starting there
+        // avoids the slots other threads are competing for and touches a line
+        // that is probably still in this core's cache.
         static HINT: Cell<u32> = const { Cell::new(0) };
     }
 
