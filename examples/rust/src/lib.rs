@@ -1,0 +1,1 @@
+//! Runnable examples: `cargo run -p gendurable-examples --example account_sync`.
