@@ -18,11 +18,13 @@ defmodule GenDurable.Error do
 
   ## Example
 
-      iex> {:error, error} = GenDurable.insert(MyApp.Sync, state: [1, 2])
-      iex> error.kind
-      :invalid_input
-      iex> error.field
-      :state
+      case GenDurable.insert(MyApp.Sync, state: [1, 2]) do
+        {:ok, id} -> id
+        {:error, %GenDurable.Error{kind: :invalid_input, field: :state} = e} -> raise e
+      end
+
+      # or, raising the same error:
+      GenDurable.insert!(MyApp.Sync, state: [1, 2])
   """
 
   defexception [:kind, :field, :message]

@@ -48,6 +48,7 @@ defmodule Orders.CardApi do
   @moduledoc "A stand-in for a card payment API that fails now and then."
   def charge(order) do
     Process.sleep(20)
+
     if rem(order, 4) == 0 and :rand.uniform(2) == 1,
       do: {:error, "card declined, try again"},
       else: {:ok, "ch_#{order}"}

@@ -245,6 +245,18 @@ pub struct TempPgRes {
 #[rustler::resource_impl]
 impl rustler::Resource for TempPgRes {}
 
+impl Drop for TempPgRes {
+    // Stopping the server waits for pg_ctl: never on the scheduler thread
+    // that happens to collect the handle.
+    fn drop(&mut self) {
+        if let Some(pg) = self.pg.get_mut().unwrap_or_else(|p| p.into_inner()).take() {
+            let _ = std::thread::Builder::new()
+                .name("gendurable-pg-stop".into())
+                .spawn(move || drop(pg));
+        }
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }

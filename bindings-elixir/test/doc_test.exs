@@ -1,0 +1,4 @@
+defmodule GenDurable.DocTest do
+  use ExUnit.Case, async: true
+  doctest GenDurable
+end
