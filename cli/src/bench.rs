@@ -89,7 +89,7 @@ pub async fn run(args: Args) -> Result<()> {
         )
         .await?;
         if let Some(b) = base(c) {
-            r.note = format!("{:.0} % of keyless", 100.0 * r.rate / b);
+            r.note = format!("{:.0} % of keyless; {}", 100.0 * r.rate / b, r.note);
         }
         rows.push(r);
         // A gate of 10 with 20 ms steps: ideal 500 steps/s.
@@ -104,7 +104,7 @@ pub async fn run(args: Args) -> Result<()> {
             |i| noop(i).concurrency_key("api:1"),
         )
         .await?;
-        r.note = format!("{:.0} % of ideal 500/s", 100.0 * r.rate / 500.0);
+        r.note = format!("{:.0} % of ideal 500/s; {}", 100.0 * r.rate / 500.0, r.note);
         rows.push(r);
         // A gate of 1000 over 10 shards.
         let c = 50;
@@ -119,7 +119,7 @@ pub async fn run(args: Args) -> Result<()> {
         )
         .await?;
         if let Some(b) = base(c) {
-            r.note = format!("{:.0} % of keyless", 100.0 * r.rate / b);
+            r.note = format!("{:.0} % of keyless; {}", 100.0 * r.rate / b, r.note);
         }
         rows.push(r);
     }
@@ -200,5 +200,11 @@ async fn steps(
     let elapsed = t.elapsed();
     bar.finish_and_clear();
     engine.shutdown().await?;
-    Ok(row(case, n, elapsed, "steps/s", ""))
+    let s = engine.stats().snapshot();
+    let note = format!(
+        "{:.1} claims/pick, {:.1} outcomes/batch",
+        s.claimed as f64 / s.picks.max(1) as f64,
+        s.outcomes as f64 / s.outcome_batches.max(1) as f64
+    );
+    Ok(row(case, n, elapsed, "steps/s", &note))
 }

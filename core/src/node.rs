@@ -187,7 +187,7 @@ async fn picker(sh: Arc<Shared>, queue: String) {
                     }
                     for row in rows {
                         let permit = permits.split(1).expect("one permit per claimed row");
-                        spawn_step(&sh, row, permit, wake.clone());
+                        spawn_step(&sh, row, permit);
                     }
                     if got < free {
                         break;
@@ -212,45 +212,16 @@ async fn picker(sh: Arc<Shared>, queue: String) {
     }
 }
 
-/// One pick statement; a lost K = 1 race (the unique index refusing a second
-/// executing row) is retried at once, as the loser now sees the winner's claim.
+/// One pick on the pool; a lost K = 1 race (the unique index refusing a
+/// second executing row) is retried at once, as the loser now sees the
+/// winner's claim.
 async fn pick(sh: &Shared, queue: &str, demand: usize) -> Result<Vec<Claimed>> {
-    let inner = &sh.inner;
-    let p = &sh.pick;
-    let window = (demand * 2).max(demand + 8);
     for _ in 0..5 {
-        Stats::add(&inner.stats.picks, 1);
-        let result = sqlx::query(&inner.sql.pick)
-            .bind(queue)
-            .bind(demand as i32)
-            .bind(window as i32)
-            .bind(&p.workflows)
-            .bind(&inner.cfg.node_id)
-            .bind(&p.gate_names)
-            .bind(&p.gate_limits)
-            .bind(&p.gate_shards)
-            .bind(&p.rate_names)
-            .bind(&p.rate_intervals)
-            .bind(&p.rate_tolerances)
-            .fetch_all(&inner.pool)
-            .await;
-        match result {
-            Ok(rows) => {
-                let claimed = rows
-                    .iter()
-                    .map(claimed_from_row)
-                    .collect::<Result<Vec<_>>>()?;
-                Stats::add(&inner.stats.claimed, claimed.len() as u64);
-                return Ok(claimed);
-            }
-            Err(sqlx::Error::Database(db))
-                if db.code().as_deref() == Some("23505")
-                    || db.code().as_deref() == Some("40P01") =>
-            {
-                Stats::add(&inner.stats.pick_conflicts, 1);
-            }
+        match pick_on(sh, &sh.inner.pool, queue, demand).await {
+            Ok(claimed) => return Ok(claimed),
+            Err(e) if is_conflict(&e) => Stats::add(&sh.inner.stats.pick_conflicts, 1),
             Err(e) => {
-                Stats::add(&inner.stats.pick_errors, 1);
+                Stats::add(&sh.inner.stats.pick_errors, 1);
                 return Err(e.into());
             }
         }
@@ -258,7 +229,44 @@ async fn pick(sh: &Shared, queue: &str, demand: usize) -> Result<Vec<Claimed>> {
     Ok(Vec::new())
 }
 
-fn claimed_from_row(r: &sqlx::postgres::PgRow) -> Result<Claimed> {
+fn is_conflict(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(db)
+        if matches!(db.code().as_deref(), Some("23505") | Some("40P01")))
+}
+
+/// The pick statement, once, on any executor (the pool, or the outcome
+/// writer's transaction).
+async fn pick_on<'c, E>(sh: &Shared, e: E, queue: &str, demand: usize) -> sqlx::Result<Vec<Claimed>>
+where
+    E: sqlx::Executor<'c, Database = sqlx::Postgres>,
+{
+    let inner = &sh.inner;
+    let p = &sh.pick;
+    let window = (demand * 2).max(demand + 8);
+    Stats::add(&inner.stats.picks, 1);
+    let rows = sqlx::query(&inner.sql.pick)
+        .bind(queue)
+        .bind(demand as i32)
+        .bind(window as i32)
+        .bind(&p.workflows)
+        .bind(&inner.cfg.node_id)
+        .bind(&p.gate_names)
+        .bind(&p.gate_limits)
+        .bind(&p.gate_shards)
+        .bind(&p.rate_names)
+        .bind(&p.rate_intervals)
+        .bind(&p.rate_tolerances)
+        .fetch_all(e)
+        .await?;
+    let claimed = rows
+        .iter()
+        .map(claimed_from_row)
+        .collect::<sqlx::Result<Vec<_>>>()?;
+    Stats::add(&inner.stats.claimed, claimed.len() as u64);
+    Ok(claimed)
+}
+
+fn claimed_from_row(r: &sqlx::postgres::PgRow) -> sqlx::Result<Claimed> {
     Ok(Claimed {
         id: r.try_get("id")?,
         workflow: r.try_get("workflow")?,
@@ -281,7 +289,7 @@ fn hand_back(sh: &Shared, rows: Vec<Claimed>) {
     }
 }
 
-fn spawn_step(sh: &Arc<Shared>, row: Claimed, permit: OwnedSemaphorePermit, wake: Arc<Notify>) {
+fn spawn_step(sh: &Arc<Shared>, row: Claimed, permit: OwnedSemaphorePermit) {
     let Some(workflow) = sh.inner.workflows.get(&row.workflow).cloned() else {
         // The pick only claims workflows this node knows.
         hand_back(sh, vec![row]);
@@ -328,9 +336,10 @@ fn spawn_step(sh: &Arc<Shared>, row: Claimed, permit: OwnedSemaphorePermit, wake
                 "aborted: the step did not finish within the shutdown timeout".into(),
             ),
         };
-        let _ = sh.outcomes.send(outcome);
+        // Free the slot before the outcome is queued, so that the writer,
+        // which claims for free slots in the outcome's own transaction, sees it.
         drop(permit);
-        wake.notify_one();
+        let _ = sh.outcomes.send(outcome);
     });
 }
 
@@ -382,8 +391,50 @@ async fn write_outcomes(
                 Err(_) => break,
             }
         }
-        write_batch(&sh, batch, None).await;
+        match write_and_claim(&sh, &batch).await {
+            Ok(()) => {}
+            Err(e) => {
+                tracing::debug!(error = %e, "outcome and claim in one transaction failed; writing the outcomes alone");
+                write_batch(&sh, batch, None).await;
+            }
+        }
     }
+}
+
+/// The fast path: write a batch of outcomes and, in the same transaction,
+/// claim rows for every free slot. Slots and keys the outcomes free are handed
+/// to the next rows with one commit instead of two.
+async fn write_and_claim(sh: &Arc<Shared>, batch: &[OutcomeRow]) -> Result<()> {
+    let inner = &sh.inner;
+    let mut tx = inner.pool.begin().await?;
+    let written = outcome_statement(inner, &mut *tx, batch).await?;
+    let mut claims = Vec::new();
+    if !sh.shutdown.is_cancelled() {
+        for (queue, slots) in &sh.slots {
+            let free = slots.available_permits();
+            if free == 0 {
+                continue;
+            }
+            let Ok(permits) = slots.clone().try_acquire_many_owned(free as u32) else {
+                continue;
+            };
+            let rows = pick_on(sh, &mut *tx, queue, free).await?;
+            claims.push((rows, permits));
+        }
+    }
+    tx.commit().await?;
+    count_written(inner, batch.len(), written);
+    for (rows, mut permits) in claims {
+        if sh.shutdown.is_cancelled() {
+            hand_back(sh, rows);
+            continue;
+        }
+        for row in rows {
+            let permit = permits.split(1).expect("one permit per claimed row");
+            spawn_step(sh, row, permit);
+        }
+    }
+    Ok(())
 }
 
 /// Write one batch, retrying through connection loss (until `deadline`, if
@@ -427,16 +478,30 @@ async fn write_batch(sh: &Shared, batch: Vec<OutcomeRow>, deadline: Option<Insta
 }
 
 async fn write_outcome_rows(inner: &Inner, batch: &[OutcomeRow]) -> Result<()> {
+    let written = outcome_statement(inner, &inner.pool, batch).await?;
+    count_written(inner, batch.len(), written);
+    Ok(())
+}
+
+/// The outcome statement; returns how many rows it updated (the others were
+/// fenced: no longer executing under this claim).
+async fn outcome_statement<'c, E>(inner: &Inner, e: E, batch: &[OutcomeRow]) -> sqlx::Result<usize>
+where
+    E: sqlx::Executor<'c, Database = sqlx::Postgres>,
+{
     let rows = sqlx::query(&inner.sql.outcome)
         .bind(sqlx::types::Json(batch))
         .bind(&inner.cfg.node_id)
         .bind(&inner.sql.channel)
-        .fetch_all(&inner.pool)
+        .fetch_all(e)
         .await?;
+    Ok(rows.len())
+}
+
+fn count_written(inner: &Inner, sent: usize, written: usize) {
     Stats::add(&inner.stats.outcome_batches, 1);
-    Stats::add(&inner.stats.outcomes, rows.len() as u64);
-    Stats::add(&inner.stats.fenced, (batch.len() - rows.len()) as u64);
-    Ok(())
+    Stats::add(&inner.stats.outcomes, written as u64);
+    Stats::add(&inner.stats.fenced, (sent - written) as u64);
 }
 
 /// LISTEN for wake-ups; after any reconnect every picker is woken, since
