@@ -67,7 +67,7 @@ pub async fn run(args: Args) -> Result<()> {
             c,
             Duration::ZERO,
             None,
-            |i| noop(i),
+            noop,
         )
         .await?;
         keyless.insert(c, r.rate);
@@ -200,6 +200,7 @@ async fn steps(
     let elapsed = t.elapsed();
     bar.finish_and_clear();
     engine.shutdown().await?;
+    engine.pool().close().await;
     let s = engine.stats().snapshot();
     let note = format!(
         "{:.1} claims/pick, {:.1} outcomes/batch",

@@ -169,6 +169,8 @@ pub async fn run(args: Args) -> Result<()> {
     let st = nodes[0].status().await?;
     for n in nodes {
         n.shutdown().await?;
+        // Close before the throwaway server goes away with `_pg`.
+        n.pool().close().await;
     }
     let max_account = watch.max_where(|k| k.starts_with("account:"));
     let max_partner = watch.max_where(|k| k.starts_with("partner:"));

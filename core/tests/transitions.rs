@@ -315,13 +315,10 @@ async fn survives_an_engine_restart() {
     let engine = builder(&url, &schema, gate).start().await.unwrap();
     let i = engine.get(awaiting).await.unwrap();
     assert_eq!((i.status, i.step.as_str()), (Status::Awaiting, "after"));
-    assert_eq!(
-        engine
-            .signal_instance(awaiting, "go", json!(1))
-            .await
-            .unwrap(),
-        true
-    );
+    assert!(engine
+        .signal_instance(awaiting, "go", json!(1))
+        .await
+        .unwrap());
     let i = finished(&engine, awaiting).await;
     assert_eq!(steps(&i), ["start", "wait", "after"]);
     assert_eq!(finished(&engine, later).await.status, Status::Completed);
