@@ -93,11 +93,21 @@ async fn node_killed_mid_step_is_rescued() {
     .await;
     assert_eq!(support::count(&pool, &schema, "executing").await, 0);
     let gate = &survivor.status().await.unwrap().gates[0];
-    assert_eq!((gate.in_flight, gate.available, gate.limit), (0, 0, 3), "under-credited");
+    assert_eq!(
+        (gate.in_flight, gate.available, gate.limit),
+        (0, 0, 3),
+        "under-credited"
+    );
     // The reconciler restores full capacity (an idle key's counters go; the
     // next claim mints them again, full).
     survivor.reconcile_gates_now().await.unwrap();
-    assert!(survivor.status().await.unwrap().gates.iter().all(|g| g.available == g.limit));
+    assert!(survivor
+        .status()
+        .await
+        .unwrap()
+        .gates
+        .iter()
+        .all(|g| g.available == g.limit));
 
     survivor.start().await.unwrap();
     for &id in &ids {

@@ -30,7 +30,9 @@ async fn main() -> anyhow::Result<()> {
                         "push",
                         state,
                         NextOptions {
-                            concurrency_key: KeyChange::Set(ConcurrencyKey::from(("partner", "acme"))),
+                            concurrency_key: KeyChange::Set(ConcurrencyKey::from((
+                                "partner", "acme",
+                            ))),
                             ..Default::default()
                         },
                     )
@@ -38,7 +40,8 @@ async fn main() -> anyhow::Result<()> {
                 "push" => Transition::await_on(
                     "confirmed",
                     state,
-                    AwaitOn::signal(format!("webhook:{}", ctx.id)).or_timeout(Duration::from_secs(30)),
+                    AwaitOn::signal(format!("webhook:{}", ctx.id))
+                        .or_timeout(Duration::from_secs(30)),
                 ),
                 _ => {
                     state["confirmation"] = match ctx.wake {
@@ -55,7 +58,10 @@ async fn main() -> anyhow::Result<()> {
     let ids = engine
         .insert_many(
             (0..6)
-                .map(|i| NewInstance::new("Account.Sync", json!({ "account": i % 2 })).concurrency_key(("account", i % 2)))
+                .map(|i| {
+                    NewInstance::new("Account.Sync", json!({ "account": i % 2 }))
+                        .concurrency_key(("account", i % 2))
+                })
                 .collect(),
         )
         .await?;
@@ -65,7 +71,9 @@ async fn main() -> anyhow::Result<()> {
         while engine.get(id).await?.status != Status::Awaiting {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        engine.signal(&format!("webhook:{id}"), json!({"ok": true})).await?;
+        engine
+            .signal(&format!("webhook:{id}"), json!({"ok": true}))
+            .await?;
     }
     for &id in &ids {
         while !engine.get(id).await?.status.is_final() {
