@@ -1,0 +1,678 @@
+//! The bulkhead's rules, one test each, plus a stress test across OS threads
+//! and tokio tasks. Tests assert outcomes, not timings: where time passing is
+//! the condition (a deadline), they sleep past it or poll until it happens.
+#![cfg(not(gendurable_loom))]
+
+use std::future::Future;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use gendurable::bulkhead::{
+    Bulkhead, BulkheadConfig, BulkheadError, BulkheadHooks, NotFound, Saturated, Wait, MAX_LIMIT,
+};
+
+const LONG: Duration = Duration::from_secs(600);
+
+fn bulkhead(limit: usize) -> Bulkhead {
+    Bulkhead::new(BulkheadConfig::new(limit, LONG)).unwrap()
+}
+
+fn waiting(limit: usize, wait: Duration) -> Arc<Bulkhead> {
+    Arc::new(
+        Bulkhead::new(BulkheadConfig::new(limit, LONG).with_wait(Wait::Bounded(wait))).unwrap(),
+    )
+}
+
+/// Polls `cond` until it holds; panics after a generous bound so a broken
+/// build fails instead of hanging.
+fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    let give_up = Instant::now() + Duration::from_secs(20);
+    while !cond() {
+        assert!(Instant::now() < give_up, "never happened: {what}");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+async fn eventually_async(what: &str, mut cond: impl FnMut() -> bool) {
+    let give_up = Instant::now() + Duration::from_secs(20);
+    while !cond() {
+        assert!(Instant::now() < give_up, "never happened: {what}");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+#[derive(Default)]
+struct Counting {
+    acquired: AtomicUsize,
+    saturated: AtomicUsize,
+    waited: AtomicUsize,
+    reclaimed: AtomicUsize,
+}
+
+impl BulkheadHooks for Counting {
+    fn on_acquired(&self) {
+        self.acquired.fetch_add(1, SeqCst);
+    }
+    fn on_saturated(&self) {
+        self.saturated.fetch_add(1, SeqCst);
+    }
+    fn on_waited(&self, _waited: Duration) {
+        self.waited.fetch_add(1, SeqCst);
+    }
+    fn on_reclaimed(&self) {
+        self.reclaimed.fetch_add(1, SeqCst);
+    }
+}
+
+// ---------------------------------------------------------------- config
+
+#[test]
+fn invalid_configs_are_refused_with_a_reason() {
+    let refused = |config: BulkheadConfig, mentions: &str| match Bulkhead::new(config) {
+        Err(BulkheadError::InvalidConfig(msg)) => {
+            assert!(
+                msg.contains(mentions),
+                "{msg:?} should mention {mentions:?}"
+            )
+        }
+        Ok(_) => panic!("accepted, expected a complaint about {mentions}"),
+    };
+    refused(BulkheadConfig::new(0, LONG), "limit");
+    refused(BulkheadConfig::new(MAX_LIMIT + 1, LONG), "limit");
+    refused(BulkheadConfig::new(1, Duration::ZERO), "reclaim_after");
+    refused(
+        BulkheadConfig::new(1, Duration::from_secs(u64::MAX)),
+        "reclaim_after",
+    );
+    refused(
+        BulkheadConfig::new(1, LONG).with_wait(Wait::Unbounded),
+        "unbounded",
+    );
+    refused(
+        BulkheadConfig::new(1, LONG).with_wait(Wait::Bounded(Duration::MAX)),
+        "unbounded",
+    );
+}
+
+#[test]
+fn valid_configs_are_kept() {
+    let b = Bulkhead::new(
+        BulkheadConfig::new(3, Duration::from_secs(5))
+            .with_wait(Wait::Bounded(Duration::from_millis(7))),
+    )
+    .unwrap();
+    assert_eq!(b.limit(), 3);
+    assert_eq!(b.reclaim_after(), Duration::from_secs(5));
+    assert_eq!(b.wait(), Some(Duration::from_millis(7)));
+    // A zero budget is no wait at all.
+    let b = Bulkhead::new(BulkheadConfig::new(1, LONG).with_wait(Wait::Bounded(Duration::ZERO)))
+        .unwrap();
+    assert_eq!(b.wait(), None);
+}
+
+// ---------------------------------------------------------------- admission
+
+#[test]
+fn a_full_bulkhead_answers_saturated() {
+    for limit in [1, 2, 63, 64, 100] {
+        let b = bulkhead(limit);
+        let held: Vec<_> = (0..limit).map(|_| b.try_acquire().unwrap()).collect();
+        assert_eq!(b.in_flight(), limit);
+        assert_eq!(b.try_acquire().unwrap_err(), Saturated);
+        assert_eq!(b.acquire_blocking().unwrap_err(), Saturated);
+        drop(held);
+        assert_eq!(b.in_flight(), 0);
+        assert!(b.try_acquire().is_ok());
+    }
+}
+
+#[test]
+fn call_runs_the_closure_under_a_permit() {
+    let b = bulkhead(1);
+    assert_eq!(b.call(|| b.in_flight()), Ok(1));
+    assert_eq!(b.in_flight(), 0);
+    let _held = b.try_acquire().unwrap();
+    let mut ran = false;
+    assert_eq!(b.call(|| ran = true), Err(Saturated));
+    assert!(!ran);
+}
+
+#[tokio::test]
+async fn call_async_runs_the_future_under_a_permit() {
+    let b = bulkhead(1);
+    assert_eq!(b.call_async(async { b.in_flight() }).await, Ok(1));
+    assert_eq!(b.in_flight(), 0);
+    let _held = b.try_acquire().unwrap();
+    assert_eq!(b.call_async(async { unreachable!() }).await, Err(Saturated));
+}
+
+// ---------------------------------------------------------------- waiting
+
+#[tokio::test]
+async fn a_waiter_gets_a_slot_released_within_its_budget() {
+    let b = waiting(1, LONG);
+    let held = b.try_acquire_owned().unwrap();
+    let waiter = tokio::spawn({
+        let b = b.clone();
+        async move { b.acquire_owned().await }
+    });
+    eventually_async("the waiter registers", || b.waiting() == 1).await;
+    assert_eq!(b.in_flight(), 1, "a waiter holds no slot");
+    drop(held);
+    let permit = waiter
+        .await
+        .unwrap()
+        .expect("released slot handed to the waiter");
+    assert!(permit.is_current());
+    assert_eq!(b.in_flight(), 1);
+    assert_eq!(b.waiting(), 0);
+}
+
+#[tokio::test]
+async fn a_waiter_gives_up_with_saturated_when_nothing_is_released() {
+    let hooks = Arc::new(Counting::default());
+    let b = Bulkhead::new(
+        BulkheadConfig::new(1, LONG)
+            .with_wait(Wait::Bounded(Duration::from_millis(30)))
+            .with_hooks(hooks.clone()),
+    )
+    .unwrap();
+    let _held = b.try_acquire().unwrap();
+    assert_eq!(b.acquire().await.unwrap_err(), Saturated);
+    assert_eq!(b.waiting(), 0);
+    assert_eq!(b.in_flight(), 1);
+    assert_eq!(hooks.waited.load(SeqCst), 1);
+    assert_eq!(hooks.saturated.load(SeqCst), 1);
+}
+
+#[test]
+fn a_blocking_waiter_gets_a_slot_released_within_its_budget() {
+    let b = waiting(1, LONG);
+    let held = b.try_acquire_owned().unwrap();
+    let waiter = std::thread::spawn({
+        let b = b.clone();
+        move || b.acquire_blocking_owned()
+    });
+    eventually("the waiter registers", || b.waiting() == 1);
+    drop(held);
+    let permit = waiter
+        .join()
+        .unwrap()
+        .expect("released slot handed to the waiter");
+    assert!(permit.is_current());
+    assert_eq!(b.in_flight(), 1);
+}
+
+#[test]
+fn a_blocking_waiter_gives_up_with_saturated_when_nothing_is_released() {
+    let b = waiting(1, Duration::from_millis(30));
+    let _held = b.try_acquire().unwrap();
+    assert_eq!(b.acquire_blocking().unwrap_err(), Saturated);
+    assert_eq!(b.call(|| ()), Err(Saturated));
+    assert_eq!(b.waiting(), 0);
+    assert_eq!(b.in_flight(), 1);
+}
+
+#[test]
+fn each_release_wakes_a_blocking_waiter() {
+    let b = waiting(2, LONG);
+    let held: Vec<_> = (0..2).map(|_| b.try_acquire_owned().unwrap()).collect();
+    let waiters: Vec<_> = (0..4)
+        .map(|_| {
+            let b = b.clone();
+            std::thread::spawn(move || {
+                let p = b.acquire_blocking_owned().unwrap();
+                std::thread::sleep(Duration::from_millis(1));
+                drop(p);
+            })
+        })
+        .collect();
+    eventually("all four wait", || b.waiting() == 4);
+    drop(held);
+    for w in waiters {
+        w.join().unwrap();
+    }
+    assert_eq!(b.in_flight(), 0);
+}
+
+#[tokio::test]
+async fn a_cancelled_waiter_leaves_no_permit_behind() {
+    let b = waiting(1, LONG);
+    let held = b.try_acquire_owned().unwrap();
+    // Start waiting, then give up from the outside (drop mid-await).
+    let outcome = tokio::time::timeout(Duration::from_millis(20), b.acquire()).await;
+    assert!(outcome.is_err(), "could not have got a permit");
+    assert_eq!(b.waiting(), 0);
+    assert_eq!(b.in_flight(), 1);
+    drop(held);
+    assert_eq!(b.in_flight(), 0);
+    assert!(b.try_acquire().is_ok());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wakeup_for_a_cancelled_waiter_passes_to_the_next() {
+    for _ in 0..50 {
+        let b = waiting(1, LONG);
+        let held = b.try_acquire_owned().unwrap();
+        let first = tokio::spawn({
+            let b = b.clone();
+            async move { b.acquire_owned().await }
+        });
+        eventually_async("the first waiter registers", || b.waiting() == 1).await;
+        let second = tokio::spawn({
+            let b = b.clone();
+            async move { b.acquire_owned().await }
+        });
+        eventually_async("the second waiter registers", || b.waiting() == 2).await;
+        // Release and cancel the first waiter at about the same time.
+        drop(held);
+        first.abort();
+        let first = first.await;
+        match first {
+            // It got the slot before it was cancelled: the second must wait.
+            Ok(Ok(p)) => {
+                assert_eq!(b.in_flight(), 1);
+                drop(p);
+                assert!(second.await.unwrap().is_ok());
+            }
+            Ok(Err(Saturated)) => unreachable!("the budget is ten minutes"),
+            // Cancelled: the release must reach the second waiter anyway.
+            Err(_) => assert!(second.await.unwrap().is_ok()),
+        }
+        assert_eq!(b.in_flight(), 0);
+        assert_eq!(b.waiting(), 0);
+    }
+}
+
+// ---------------------------------------------------------------- release
+
+#[test]
+fn a_panic_releases_the_permit() {
+    let b = bulkhead(1);
+    let outcome = catch_unwind(AssertUnwindSafe(|| b.call(|| panic!("boom"))));
+    assert!(outcome.is_err());
+    assert_eq!(b.in_flight(), 0);
+
+    let b = Arc::new(bulkhead(1));
+    let t = std::thread::spawn({
+        let b = b.clone();
+        move || {
+            let _p = b.try_acquire().unwrap();
+            panic!("holder dies");
+        }
+    });
+    assert!(t.join().is_err());
+    assert_eq!(b.in_flight(), 0);
+}
+
+#[tokio::test]
+async fn a_cancelled_future_releases_its_permit() {
+    let b = Arc::new(bulkhead(1));
+    // Dropped mid-await while holding the permit.
+    let outcome = tokio::time::timeout(
+        Duration::from_millis(20),
+        b.call_async(std::future::pending::<()>()),
+    )
+    .await;
+    assert!(outcome.is_err());
+    assert_eq!(b.in_flight(), 0);
+
+    // An aborted task holding an owned permit.
+    let task = tokio::spawn({
+        let b = b.clone();
+        async move {
+            let _p = b.try_acquire_owned().unwrap();
+            std::future::pending::<()>().await
+        }
+    });
+    eventually_async("the task holds the permit", || b.in_flight() == 1).await;
+    task.abort();
+    assert!(task.await.unwrap_err().is_cancelled());
+    assert_eq!(b.in_flight(), 0);
+}
+
+#[test]
+fn a_future_polled_once_then_dropped_releases_its_permit() {
+    let b = bulkhead(1);
+    let mut fut = Box::pin(b.call_async(std::future::pending::<()>()));
+    let mut cx = std::task::Context::from_waker(futures::task::noop_waker_ref());
+    assert!(fut.as_mut().poll(&mut cx).is_pending());
+    assert_eq!(b.in_flight(), 1);
+    drop(fut);
+    assert_eq!(b.in_flight(), 0);
+}
+
+// ---------------------------------------------------------------- reclaim
+
+/// Takes a permit from `b`, polling until the deadline of the permit that is
+/// in the way has passed.
+fn acquire_once_expired(b: &Bulkhead) -> gendurable::bulkhead::Permit<'_> {
+    let give_up = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Ok(p) = b.try_acquire() {
+            return p;
+        }
+        assert!(
+            Instant::now() < give_up,
+            "the expired slot was never reclaimed"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn an_expired_slot_is_reclaimed_and_its_late_release_is_ignored() {
+    for limit in [1, 2, 64, 65] {
+        let hooks = Arc::new(Counting::default());
+        let b = Bulkhead::new(
+            BulkheadConfig::new(limit, Duration::from_millis(50)).with_hooks(hooks.clone()),
+        )
+        .unwrap();
+        let held: Vec<_> = (0..limit).map(|_| b.try_acquire().unwrap()).collect();
+        // Not before the deadline: the limit holds.
+        assert_eq!(b.try_acquire().unwrap_err(), Saturated);
+
+        let new = acquire_once_expired(&b);
+        assert_eq!(hooks.reclaimed.load(SeqCst), 1);
+        assert_eq!(b.in_flight(), limit, "the reclaimed slot is still one slot");
+        let (stale, current): (Vec<_>, Vec<_>) = held.into_iter().partition(|p| !p.is_current());
+        assert_eq!(stale.len(), 1, "exactly one old holder lost its slot");
+
+        // The holder that lost its slot releases late: nothing changes.
+        drop(stale);
+        assert_eq!(
+            b.in_flight(),
+            limit,
+            "a late release freed someone else's slot"
+        );
+        assert!(new.is_current());
+        drop(current);
+        assert_eq!(b.in_flight(), 1);
+        drop(new);
+        assert_eq!(b.in_flight(), 0);
+    }
+}
+
+#[test]
+fn a_holder_within_its_deadline_is_not_reclaimed() {
+    let hooks = Arc::new(Counting::default());
+    let b = Bulkhead::new(BulkheadConfig::new(1, LONG).with_hooks(hooks.clone())).unwrap();
+    let p = b.try_acquire().unwrap();
+    for _ in 0..1000 {
+        assert!(b.try_acquire().is_err());
+    }
+    assert!(p.is_current());
+    assert_eq!(hooks.reclaimed.load(SeqCst), 0);
+}
+
+#[tokio::test]
+async fn a_waiter_wakes_for_a_reclaim_without_any_release() {
+    let b = Bulkhead::new(
+        BulkheadConfig::new(1, Duration::from_millis(50)).with_wait(Wait::Bounded(LONG)),
+    )
+    .unwrap();
+    // A holder that will never release.
+    std::mem::forget(b.try_acquire().unwrap());
+    let p = b
+        .acquire()
+        .await
+        .expect("reclaimed once the deadline passed");
+    assert!(p.is_current());
+    assert_eq!(b.in_flight(), 1);
+}
+
+#[test]
+fn a_blocking_waiter_wakes_for_a_reclaim_without_any_release() {
+    let b = Bulkhead::new(
+        BulkheadConfig::new(1, Duration::from_millis(50)).with_wait(Wait::Bounded(LONG)),
+    )
+    .unwrap();
+    std::mem::forget(b.try_acquire().unwrap());
+    let p = b
+        .acquire_blocking()
+        .expect("reclaimed once the deadline passed");
+    assert!(p.is_current());
+}
+
+// ---------------------------------------------------------------- reset
+
+#[test]
+fn reset_frees_every_slot_and_old_releases_do_nothing() {
+    for limit in [2, 70] {
+        let b = bulkhead(limit);
+        let old: Vec<_> = (0..limit).map(|_| b.try_acquire().unwrap()).collect();
+        b.reset();
+        assert_eq!(b.in_flight(), 0);
+        assert!(old.iter().all(|p| !p.is_current()));
+        let new = b.try_acquire().unwrap();
+        drop(old);
+        assert_eq!(b.in_flight(), 1);
+        assert!(new.is_current());
+        drop(new);
+        assert_eq!(b.in_flight(), 0);
+    }
+}
+
+#[test]
+fn reset_then_acquire_in_the_same_tick_keeps_the_new_holder() {
+    // Done many times in a row, nearly every round runs within one clock
+    // tick, so the new token differs from the old only by its generation.
+    let b = bulkhead(1);
+    for _ in 0..10_000 {
+        let old = b.try_acquire().unwrap();
+        b.reset();
+        let new = b.try_acquire().unwrap();
+        drop(old);
+        assert!(new.is_current());
+        assert_eq!(b.in_flight(), 1);
+        assert!(b.try_acquire().is_err());
+        drop(new);
+        assert_eq!(b.in_flight(), 0);
+    }
+}
+
+#[test]
+fn reset_wakes_waiters() {
+    let b = waiting(1, LONG);
+    let _held = b.try_acquire_owned().unwrap();
+    let waiter = std::thread::spawn({
+        let b = b.clone();
+        move || b.acquire_blocking_owned().is_ok()
+    });
+    eventually("the waiter registers", || b.waiting() == 1);
+    b.reset();
+    assert!(waiter.join().unwrap());
+}
+
+// ---------------------------------------------------------------- counting
+
+#[test]
+fn in_flight_is_exact_under_concurrency() {
+    for limit in [8, 100] {
+        let threads = 8;
+        let b = Arc::new(bulkhead(limit));
+        let barrier = Arc::new(Barrier::new(threads + 1));
+        let handles: Vec<_> = (0..threads)
+            .map(|_| {
+                let (b, barrier) = (b.clone(), barrier.clone());
+                std::thread::spawn(move || {
+                    // Churn, then hold one permit each while the count is checked.
+                    for _ in 0..20_000 {
+                        drop(b.try_acquire());
+                    }
+                    let p = b.try_acquire().unwrap();
+                    barrier.wait();
+                    barrier.wait();
+                    drop(p);
+                    for _ in 0..20_000 {
+                        drop(b.try_acquire());
+                    }
+                })
+            })
+            .collect();
+        barrier.wait();
+        assert_eq!(b.in_flight(), threads);
+        barrier.wait();
+        for h in handles {
+            h.join().unwrap();
+        }
+        assert_eq!(b.in_flight(), 0);
+    }
+}
+
+#[test]
+fn hooks_see_every_outcome() {
+    let hooks = Arc::new(Counting::default());
+    let b = Bulkhead::new(
+        BulkheadConfig::new(1, LONG)
+            .with_wait(Wait::Bounded(Duration::from_millis(10)))
+            .with_hooks(hooks.clone()),
+    )
+    .unwrap();
+    let p = b.try_acquire().unwrap();
+    assert!(b.try_acquire().is_err());
+    assert!(b.acquire_blocking().is_err());
+    drop(p);
+    assert!(b.acquire_blocking().is_ok());
+    assert_eq!(hooks.acquired.load(SeqCst), 2);
+    assert_eq!(hooks.saturated.load(SeqCst), 2);
+    assert_eq!(
+        hooks.waited.load(SeqCst),
+        1,
+        "only the blocked acquire waited"
+    );
+    assert_eq!(hooks.reclaimed.load(SeqCst), 0);
+}
+
+// ---------------------------------------------------------------- registry
+
+#[test]
+fn the_registry_finds_bulkheads_by_name() {
+    let name = "registry-test-payments";
+    assert!(Bulkhead::named(name).is_none());
+    assert_eq!(Bulkhead::in_flight_of(name), 0);
+    assert_eq!(Bulkhead::limit_of(name), None);
+    assert_eq!(Bulkhead::reset_named(name), Err(NotFound(name.into())));
+
+    let b = Bulkhead::configure(name, BulkheadConfig::new(3, LONG)).unwrap();
+    assert_eq!(Bulkhead::limit_of(name), Some(3));
+    let p = Bulkhead::named(name).unwrap().try_acquire_owned().unwrap();
+    assert_eq!(Bulkhead::in_flight_of(name), 1);
+    assert!(Arc::ptr_eq(&b, p.bulkhead()));
+    Bulkhead::reset_named(name).unwrap();
+    assert_eq!(Bulkhead::in_flight_of(name), 0);
+    assert!(!p.is_current());
+
+    // Reconfiguring replaces the entry; the old one lives on for its holders.
+    let q = b.try_acquire_owned().unwrap();
+    Bulkhead::configure(name, BulkheadConfig::new(5, LONG)).unwrap();
+    assert_eq!(Bulkhead::limit_of(name), Some(5));
+    assert_eq!(Bulkhead::in_flight_of(name), 0);
+    assert_eq!(b.in_flight(), 1);
+    drop(q);
+    assert_eq!(b.in_flight(), 0);
+
+    assert!(Bulkhead::configure("registry-test-bad", BulkheadConfig::new(0, LONG)).is_err());
+    assert!(Bulkhead::named("registry-test-bad").is_none());
+
+    assert!(Bulkhead::unregister(name).is_some());
+    assert!(Bulkhead::named(name).is_none());
+}
+
+// ---------------------------------------------------------------- stress
+
+/// Counts holders with its own atomic, incremented right after a permit is
+/// granted and decremented right before it is released, and records the
+/// highest count seen.
+#[derive(Default)]
+struct Census {
+    now: AtomicUsize,
+    max: AtomicUsize,
+}
+
+impl Census {
+    fn enter(&self) {
+        let n = self.now.fetch_add(1, SeqCst) + 1;
+        self.max.fetch_max(n, SeqCst);
+    }
+    fn leave(&self) {
+        self.now.fetch_sub(1, SeqCst);
+    }
+}
+
+#[test]
+fn stress_threads_and_tasks_never_exceed_the_limit() {
+    for limit in [1, 4, 70] {
+        let b = waiting(limit, Duration::from_millis(5));
+        let census = Arc::new(Census::default());
+        let granted = Arc::new(AtomicUsize::new(0));
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(4)
+            .enable_all()
+            .build()
+            .unwrap();
+
+        let tasks: Vec<_> = (0..limit * 2 + 32)
+            .map(|i| {
+                let (b, census, granted) = (b.clone(), census.clone(), granted.clone());
+                rt.spawn(async move {
+                    for j in 0..300 {
+                        let permit = if (i + j) % 2 == 0 {
+                            b.try_acquire()
+                        } else {
+                            b.acquire().await
+                        };
+                        if let Ok(p) = permit {
+                            census.enter();
+                            granted.fetch_add(1, SeqCst);
+                            tokio::task::yield_now().await;
+                            census.leave();
+                            drop(p);
+                        }
+                    }
+                })
+            })
+            .collect();
+
+        let threads: Vec<_> = (0..limit + 16)
+            .map(|i| {
+                let (b, census, granted) = (b.clone(), census.clone(), granted.clone());
+                std::thread::spawn(move || {
+                    for j in 0..2_000 {
+                        let permit = if (i + j) % 3 == 0 {
+                            b.acquire_blocking()
+                        } else {
+                            b.try_acquire()
+                        };
+                        if let Ok(p) = permit {
+                            census.enter();
+                            granted.fetch_add(1, SeqCst);
+                            std::thread::yield_now();
+                            census.leave();
+                            drop(p);
+                        }
+                    }
+                })
+            })
+            .collect();
+
+        for t in threads {
+            t.join().unwrap();
+        }
+        rt.block_on(async {
+            for t in tasks {
+                t.await.unwrap();
+            }
+        });
+        let max = census.max.load(SeqCst);
+        assert!(
+            max <= limit,
+            "{max} holders at once with a limit of {limit}"
+        );
+        assert!(granted.load(SeqCst) > 0);
+        assert_eq!(b.in_flight(), 0);
+        assert_eq!(b.waiting(), 0);
+    }
+}
