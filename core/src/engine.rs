@@ -301,6 +301,12 @@ impl Engine {
         crate::node::reconcile_gates(&self.inner).await
     }
 
+    /// Delete finished instances older than the retention now. Returns how
+    /// many. Running nodes do this on their own once a minute.
+    pub async fn prune_now(&self) -> Result<u64> {
+        crate::node::prune(&self.inner).await
+    }
+
     /// Insert one instance; returns its id.
     pub async fn insert(&self, new: NewInstance) -> Result<i64> {
         let ids = self.insert_many(vec![new]).await?;

@@ -534,6 +534,11 @@ async fn listen(sh: Arc<Shared>) {
             };
             match received {
                 Ok(Some(n)) if n.payload().is_empty() => sh.wake_all(),
+                Ok(Some(n)) if n.payload().starts_with('*') => {
+                    if n.payload()[1..] != sh.inner.cfg.node_id {
+                        sh.wake_all();
+                    }
+                }
                 Ok(Some(n)) => {
                     if let Some(w) = sh.wakes.get(n.payload()) {
                         w.notify_one();
@@ -643,7 +648,7 @@ pub(crate) async fn reconcile_gates(inner: &Inner) -> Result<u64> {
     Ok(total)
 }
 
-async fn prune(inner: &Inner) -> Result<u64> {
+pub(crate) async fn prune(inner: &Inner) -> Result<u64> {
     let Some(retention) = inner.cfg.retention else {
         return Ok(0);
     };

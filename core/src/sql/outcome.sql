@@ -51,7 +51,9 @@ WITH o AS (
     WHERE g.key = l.key AND g.shard = l.shard
     RETURNING 1
 ), notified AS (
-    -- Rows waiting for a released key or slot may sit in any queue: wake all.
-    SELECT pg_notify($3, '') FROM (SELECT 1 FROM upd WHERE released LIMIT 1) r
+    -- Rows waiting for a released key or slot may sit in any queue: wake all
+    -- queues of the other nodes ('*' and the sender, which claims for its own
+    -- freed slots in this same transaction).
+    SELECT pg_notify($3, '*' || $2) FROM (SELECT 1 FROM upd WHERE released LIMIT 1) r
 )
 SELECT u.id, (SELECT count(*) FROM notified) AS notified FROM upd u

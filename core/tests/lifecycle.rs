@@ -1,0 +1,136 @@
+//! Graceful shutdown (running steps finish, stragglers are recorded, claimed
+//! rows are handed back) and pruning.
+mod support;
+
+use gendurable::{NewInstance, Status, Transition};
+use serde_json::json;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Semaphore;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_lets_running_steps_finish() {
+    let url = support::url();
+    let schema = support::schema("shut");
+    let started = Arc::new(Semaphore::new(0));
+    let go = Arc::new(Semaphore::new(0));
+    let (s2, g2) = (started.clone(), go.clone());
+    let engine = support::builder(&url, &schema)
+        .queue("default", 2)
+        .shutdown_timeout(Duration::from_secs(30))
+        .workflow_fn("Slow", move |_step, state, _ctx| {
+            let (started, go) = (s2.clone(), g2.clone());
+            async move {
+                started.add_permits(1);
+                go.acquire().await.unwrap().forget();
+                Ok(Transition::done(state))
+            }
+        })
+        .start()
+        .await
+        .unwrap();
+    let ids = engine
+        .insert_many(
+            (0..5)
+                .map(|_| NewInstance::new("Slow", json!({})))
+                .collect(),
+        )
+        .await
+        .unwrap();
+    // Two steps are running (the queue's concurrency); three wait.
+    let _ = started.acquire_many(2).await.unwrap();
+    let e = engine.clone();
+    let stopping = tokio::spawn(async move { e.shutdown().await });
+    // Shutdown waits for the running steps: let them finish.
+    go.add_permits(2);
+    stopping.await.unwrap().unwrap();
+    let mut completed = 0;
+    for id in ids {
+        let i = engine.get(id).await.unwrap();
+        match i.status {
+            Status::Completed => completed += 1,
+            Status::Available => assert_eq!(i.attempt, 0, "never started, not counted"),
+            other => panic!("{id}: {other}"),
+        }
+    }
+    assert_eq!(completed, 2);
+    let nodes: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM \"{schema}\".nodes"))
+        .fetch_one(engine.pool())
+        .await
+        .unwrap();
+    assert_eq!(nodes, 0, "the node deregistered");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_timeout_records_stragglers_as_errors() {
+    let url = support::url();
+    let schema = support::schema("straggle");
+    let started = Arc::new(Semaphore::new(0));
+    let s2 = started.clone();
+    let engine = support::builder(&url, &schema)
+        .queue("default", 1)
+        .shutdown_timeout(Duration::from_millis(200))
+        .workflow_fn("Stuck", move |_step, _state, _ctx| {
+            let started = s2.clone();
+            async move {
+                started.add_permits(1);
+                std::future::pending::<()>().await;
+                unreachable!()
+            }
+        })
+        .start()
+        .await
+        .unwrap();
+    let id = engine
+        .insert(NewInstance::new("Stuck", json!({})))
+        .await
+        .unwrap();
+    let _ = started.acquire().await.unwrap();
+    engine.shutdown().await.unwrap();
+    let i = engine.get(id).await.unwrap();
+    assert_eq!(i.status, Status::Scheduled, "retried later");
+    assert_eq!(i.errors[0]["kind"], "shutdown");
+    assert_eq!(i.attempt, 1);
+}
+
+#[tokio::test]
+async fn finished_instances_are_pruned_after_the_retention() {
+    let url = support::url();
+    let schema = support::schema("prune");
+    let engine = support::builder(&url, &schema)
+        .retention(Some(Duration::from_millis(1)))
+        .queue("default", 2)
+        .workflow_fn("Quick", |_s, state, _c| async move {
+            Ok(Transition::done(state))
+        })
+        .build()
+        .await
+        .unwrap();
+    let done = engine
+        .insert(NewInstance::new("Quick", json!({})))
+        .await
+        .unwrap();
+    let waiting = engine
+        .insert(NewInstance::new("Quick", json!({})).schedule_in(Duration::from_secs(3600)))
+        .await
+        .unwrap();
+    engine.start().await.unwrap();
+    let e = engine.clone();
+    support::eventually("done", Duration::from_secs(10), || {
+        let e = e.clone();
+        async move { e.get(done).await.unwrap().status == Status::Completed }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(5)).await; // older than the 1 ms retention
+    assert_eq!(engine.prune_now().await.unwrap(), 1);
+    assert!(matches!(
+        engine.get(done).await,
+        Err(gendurable::Error::NotFound(_))
+    ));
+    assert_eq!(
+        engine.get(waiting).await.unwrap().status,
+        Status::Scheduled,
+        "unfinished rows stay"
+    );
+    engine.shutdown().await.unwrap();
+}
