@@ -371,9 +371,13 @@ impl Engine {
                     at.push(Some(t));
                 }
             }
+            // Serialised once here: the size is checked and the text is what
+            // PostgreSQL parses into jsonb.
+            let text = new.state.to_string();
+            validate::state_size("state", text.len()).map_err(|e| at_index(e, i, n))?;
             workflow.push(new.workflow);
             step.push(new.step);
-            state.push(new.state);
+            state.push(text);
             queue.push(new.queue);
             priority.push(new.priority);
             ckey.push(new.concurrency_key);

@@ -71,6 +71,16 @@ async fn bad_input_is_rejected_and_writes_nothing() {
             "{field}: {reason:?} should say {words:?}"
         );
     }
+    // A state over the size limit.
+    let huge = json!({ "blob": "x".repeat(gendurable::validate::MAX_STATE_BYTES) });
+    let (f, reason) = field_of(
+        engine
+            .insert(NewInstance::new("W", huge))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(f, "state");
+    assert!(reason.contains("the limit is"), "{reason}");
     // One bad row in a batch: nothing of the batch is inserted.
     let err = engine
         .insert_many(vec![ok(), ok(), NewInstance::new("W", json!(null))])
