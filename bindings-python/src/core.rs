@@ -432,8 +432,9 @@ impl Core {
         invoke_async: Py<PyAny>,
         event_loop: Py<PyAny>,
     ) -> PyResult<()> {
-        let mut guard = self.worker.lock().unwrap();
-        if guard.is_some() {
+        // Never hold the mutex while the GIL is released: a thread holding
+        // the GIL and waiting for it would deadlock with us.
+        if self.worker.lock().unwrap().is_some() {
             return Err(crate::errors::to_py(gendurable::Error::InvalidConfig(
                 "the worker is already running".into(),
             )));
@@ -463,7 +464,11 @@ impl Core {
             Ok::<_, gendurable::Error>(engine)
         })
         .py_err()?;
-        *guard = Some(engine);
+        let previous = self.worker.lock().unwrap().replace(engine);
+        if let Some(other) = previous {
+            // Started twice concurrently: keep one node.
+            block_on(py, move || async move { other.shutdown().await }).py_err()?;
+        }
         Ok(())
     }
 

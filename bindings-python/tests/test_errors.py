@@ -1,0 +1,175 @@
+"""Bad input and bad configuration raise the right exception, and write nothing."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import pytest
+
+import gendurable
+from gendurable import Await, InvalidConfig, InvalidInput
+
+
+@pytest.fixture
+def engine(make_engine):
+    e = make_engine(rate_limits={"openai": {"limit": 10, "period": 1.0}})
+    e.migrate()
+    return e
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "field"),
+    [
+        (("W", [1, 2]), {}, "state"),
+        (("W", "text"), {}, "state"),
+        (("W", {"a": {1, 2}}), {}, "state"),
+        (("W", {1: "x"}), {}, "state"),
+        (("W", {"a": float("nan")}), {}, "state"),
+        (("W", {"a": 2**70}), {}, "state"),
+        (("W", {"a": "nul\x00"}), {}, "state"),
+        (("W", {"a": "\udcff"}), {}, "state"),
+        (("", {}), {}, "workflow"),
+        (("x" * 256, {}), {}, "workflow"),
+        (("W\x00", {}), {}, "workflow"),
+        ((42, {}), {}, "workflow"),
+        (("W", {}), {"step": ""}, "step"),
+        (("W", {}), {"queue": "q\n"}, "queue"),
+        (("W", {}), {"priority": 10}, "priority"),
+        (("W", {}), {"priority": -1}, "priority"),
+        (("W", {}), {"priority": True}, "priority"),
+        (("W", {}), {"priority": "1"}, "priority"),
+        (("W", {}), {"max_attempts": 0}, "max_attempts"),
+        (("W", {}), {"concurrency_key": ""}, "concurrency_key"),
+        (("W", {}), {"concurrency_key": ":7"}, "concurrency_key"),
+        (("W", {}), {"concurrency_key": "k\x00"}, "concurrency_key"),
+        (("W", {}), {"concurrency_key": "k" * 1025}, "concurrency_key"),
+        (("W", {}), {"concurrency_key": ("a", 1, 2)}, "concurrency_key"),
+        (("W", {}), {"concurrency_key": 7}, "concurrency_key"),
+        (("W", {}), {"rate_limit": "anthropic:t1"}, "rate_limit"),
+        (("W", {}), {"schedule_in": -1}, "schedule_in"),
+        (("W", {}), {"schedule_in": "soon"}, "schedule_in"),
+        (("W", {}), {"scheduled_at": datetime(2030, 1, 1)}, "scheduled_at"),
+    ],
+)
+def test_bad_insert(engine, args, kwargs, field):
+    with pytest.raises(InvalidInput) as exc:
+        engine.insert(*args, **kwargs)
+    assert exc.value.field == field
+    assert isinstance(exc.value, gendurable.Error) and isinstance(exc.value, ValueError)
+    assert str(exc.value)
+
+
+def test_rejected_batch_writes_nothing(engine):
+    good = gendurable.NewInstance("W", {"i": 1})
+    with pytest.raises(InvalidInput) as exc:
+        engine.insert_many([good, gendurable.NewInstance("W", {"i": 2}, concurrency_key=":x")])
+    assert exc.value.field == "concurrency_key"
+    first = engine.insert("W", {})
+    assert first == 1 or engine.get(first - 1)  # nothing from the failed batch is visible
+    with pytest.raises(gendurable.NotFound):
+        engine.get(first + 1)
+    with pytest.raises(InvalidInput):
+        engine.insert_many(["W"])
+
+
+def test_huge_state_round_trips(engine):
+    state = {"blob": "x" * 5_000_000, "nested": [[[{"a": None, "b": 1.5, "c": True}]]]}
+    i = engine.insert("W", state)
+    assert engine.get(i).state == state
+
+
+def test_not_found(engine):
+    with pytest.raises(gendurable.NotFound) as exc:
+        engine.get(123456789)
+    assert exc.value.id == 123456789 and isinstance(exc.value, LookupError)
+    with pytest.raises(gendurable.NotFound):
+        engine.cancel(123456789)
+    with pytest.raises(InvalidInput):
+        engine.get("1")
+
+
+def test_bad_signal(engine):
+    with pytest.raises(InvalidInput) as exc:
+        engine.signal("", None)
+    assert exc.value.field == "signal"
+    with pytest.raises(InvalidInput) as exc:
+        engine.signal("go", {"a": "\x00"})
+    assert exc.value.field == "payload"
+    with pytest.raises(InvalidInput) as exc:
+        engine.signal("go", object())
+    assert exc.value.field == "payload"
+
+
+def test_bad_transitions():
+    with pytest.raises(InvalidInput):
+        Await("next", {})
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"queues": {"default": 0}}, "at least 1"),
+        ({"queues": {"default": "10"}}, "must be an int"),
+        ({"queues": {"": 1}}, "queue"),
+        ({"queues": [("default", 1)]}, "must be a dict"),
+        ({"concurrency_limits": {"stripe": {"limit": 0}}}, "at least 1"),
+        ({"concurrency_limits": {"stripe": {"limit": 5, "shards": 0}}}, "shards"),
+        ({"concurrency_limits": {"stripe": {"limt": 5}}}, "unknown option 'limt'"),
+        ({"concurrency_limits": {"stripe": {"shards": 5}}}, "'limit' is required"),
+        ({"concurrency_limits": {"a:b": 5}}, "not a key name"),
+        ({"rate_limits": {"openai": {"limit": 10}}}, "'period' is required"),
+        ({"rate_limits": {"openai": {"limit": 10, "period": 0}}}, "period"),
+        ({"rate_limits": {"openai": {"limit": 10, "period": 1, "burst": 0}}}, "burst"),
+        ({"rate_limits": {"openai": {"limit": 10, "period": 1, "every": 1}}}, "unknown option"),
+        ({"schema": "Bad-Schema"}, "schema"),
+        ({"schema": 7}, "schema"),
+        ({"poll_interval": -1}, "poll_interval"),
+        ({"lease": 1, "heartbeat_interval": 1}, "lease"),
+        ({"backoff": 5}, "backoff"),
+    ],
+)
+def test_bad_config(database_url, kwargs, match):
+    with pytest.raises(InvalidConfig, match=match):
+        gendurable.Engine(database_url, **kwargs)
+
+
+def test_no_url(monkeypatch):
+    monkeypatch.delenv("DATABASE_URL", raising=False)
+    with pytest.raises(InvalidConfig, match="DATABASE_URL"):
+        gendurable.Engine()
+
+
+def test_url_from_environment(monkeypatch, database_url, schema):
+    monkeypatch.setenv("DATABASE_URL", database_url)
+    e = gendurable.Engine(schema=schema)
+    assert e.get(e.insert("W", {})).workflow == "W"
+
+
+def test_bad_workflows(make_engine):
+    engine = make_engine()
+    with pytest.raises(InvalidInput):
+        gendurable.workflow("")
+    with pytest.raises(InvalidConfig, match="not a workflow"):
+        engine.register(lambda: None)
+    with pytest.raises(InvalidConfig, match="no workflows"):
+        engine.start()
+
+    @engine.workflow("Dup")
+    def dup(step, state, ctx):
+        return gendurable.Done(state)
+
+    with pytest.raises(InvalidConfig, match="twice"):
+        engine.register(dup)
+
+    with pytest.raises(InvalidConfig, match="no step methods"):
+
+        @engine.workflow("Empty")
+        class Empty:
+            pass
+
+
+def test_unreachable_database_is_a_database_error(schema):
+    e = gendurable.Engine("postgres://nobody@127.0.0.1:1/none", schema=schema)
+    with pytest.raises(gendurable.DatabaseError) as exc:
+        e.insert("W", {})
+    assert exc.value.transient

@@ -1,0 +1,126 @@
+"""The worker process: graceful shutdown on SIGTERM, and the CLI."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import wait_until
+
+import gendurable
+
+TESTS = Path(__file__).parent
+
+
+def _worker_cmd() -> list[str]:
+    exe = Path(sys.executable).with_name("gendurable")
+    if exe.exists():
+        return [str(exe)]
+    return [sys.executable, "-m", "gendurable.cli"]
+
+
+def _write_fifo(path: Path, data: bytes, timeout: float = 30.0) -> None:
+    """Write to a FIFO once its reader has it open (never blocks forever)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                raise AssertionError("the step never opened the FIFO") from None
+            time.sleep(0.01)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
+def test_sigterm_finishes_the_running_step_and_exits_0(database_url, schema, tmp_path):
+    started = tmp_path / "started"
+    release = tmp_path / "release"
+    os.mkfifo(release)
+    env = {
+        **os.environ,
+        "DATABASE_URL": database_url,
+        "GENDURABLE_SCHEMA": schema,
+        "PYTHONPATH": str(TESTS),
+    }
+    client = gendurable.Engine(database_url, schema=schema)
+    id_ = client.insert("Term.Slow", {"started": str(started), "release": str(release)})
+    proc = subprocess.Popen(
+        [*_worker_cmd(), "worker", "apps.sigterm_app:engine"],
+        env=env,
+        cwd=tmp_path,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_until(lambda: started.exists() or proc.poll() is not None, "the step to start")
+        assert proc.poll() is None, proc.stderr.read()
+        assert client.get(id_).status == "executing"
+        proc.send_signal(signal.SIGTERM)
+        # The step is still running: it finishes only now, after SIGTERM.
+        _write_fifo(release, b"after-sigterm")
+        rc = proc.wait(timeout=60)
+        err = proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert rc == 0, err
+    assert "stopped" in err
+    inst = client.get(id_)
+    assert inst.status == "completed", inst
+    assert inst.state["finished_with"] == "after-sigterm"
+
+
+def test_cli_rejects_a_bad_target(tmp_path):
+    r = subprocess.run(
+        [*_worker_cmd(), "worker", "no_colon"], capture_output=True, text=True, cwd=tmp_path
+    )
+    assert r.returncode != 0 and "module:attribute" in r.stderr
+
+
+def test_run_returns_on_stop(make_engine):
+    import threading
+
+    engine = make_engine()
+
+    @engine.workflow("Idle")
+    def idle(step, state, ctx):
+        return gendurable.Done(state)
+
+    t = threading.Thread(target=engine.run)
+    t.start()
+    wait_until(lambda: engine.running, "the worker to start")
+    engine.stop()
+    t.join(30)
+    assert not t.is_alive() and not engine.running
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+def test_sigint_in_main_thread_stops_run(make_engine):
+    engine = make_engine()
+
+    @engine.workflow("Idle")
+    def idle(step, state, ctx):
+        return gendurable.Done(state)
+
+    import threading
+
+    def interrupt():
+        wait_until(lambda: engine.running, "the worker to start")
+        os.kill(os.getpid(), signal.SIGINT)
+
+    t = threading.Thread(target=interrupt)
+    t.start()
+    engine.run()  # returns once SIGINT arrives, after a graceful shutdown
+    t.join()
+    assert not engine.running
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
