@@ -18,9 +18,8 @@ def test_sheds_at_once_over_the_limit():
     with b:
         with b:
             assert b.in_flight == 2
-            with pytest.raises(Saturated) as exc:
-                with b:
-                    pass
+            with pytest.raises(Saturated) as exc, b:
+                pass
             assert isinstance(exc.value, gendurable.Error)
             assert b.try_acquire() is None
         assert b.in_flight == 1
@@ -42,9 +41,8 @@ def test_released_on_exception_and_by_decorator():
         work(1)
     assert b.in_flight == 0
     assert b.call(lambda: b.in_flight) == 1
-    with pytest.raises(RuntimeError):
-        with b:
-            raise RuntimeError
+    with pytest.raises(RuntimeError), b:
+        raise RuntimeError
     assert b.in_flight == 0
 
 
@@ -142,14 +140,13 @@ async def test_async_with_and_decorator():
         return x * 2
 
     assert await call(2) == 4
-    async with b:
-        async with b:
-            assert b.in_flight == 2
-            with pytest.raises(Saturated):
-                async with b:
-                    pass
-            with pytest.raises(Saturated):
-                await call(1)
+    async with b, b:
+        assert b.in_flight == 2
+        with pytest.raises(Saturated):
+            async with b:
+                pass
+        with pytest.raises(Saturated):
+            await call(1)
     assert b.in_flight == 0
     assert await b.call_async(call, 5) == 10
 

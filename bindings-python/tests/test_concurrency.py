@@ -6,9 +6,8 @@ import asyncio
 import threading
 import time
 
-from conftest import Intervals
-
 import gendurable
+from conftest import Intervals
 from gendurable import Done
 
 
@@ -38,7 +37,11 @@ def test_k1_keys_run_one_at_a_time_and_keys_in_parallel(make_engine):
         return Done(state)
 
     engine.insert_many(
-        [gendurable.NewInstance(sync, {"i": i}, concurrency_key=k) for k in keys for i in range(per_key)]
+        [
+            gendurable.NewInstance(sync, {"i": i}, concurrency_key=k)
+            for k in keys
+            for i in range(per_key)
+        ]
     )
     engine.start()
     for _ in range(per_key * len(keys)):

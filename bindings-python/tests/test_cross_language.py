@@ -16,9 +16,9 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import wait_until
 
 import gendurable
+from conftest import wait_until
 from gendurable import Done, Next
 
 ROOT = Path(__file__).resolve().parents[2]

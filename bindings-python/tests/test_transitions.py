@@ -7,9 +7,9 @@ import threading
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from conftest import wait_until
 
 import gendurable
+from conftest import wait_until
 from gendurable import Await, Cancel, Done, Next, Snooze
 
 

@@ -10,9 +10,9 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import wait_until
 
 import gendurable
+from conftest import wait_until
 
 TESTS = Path(__file__).parent
 

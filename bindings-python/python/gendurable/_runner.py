@@ -63,7 +63,9 @@ async def _await(aw: Any) -> Any:
     return await aw
 
 
-async def _run(fn: Callable[..., Any], takes_step: bool, step: str, state: Any, ctx: tuple) -> tuple:
+async def _run(
+    fn: Callable[..., Any], takes_step: bool, step: str, state: Any, ctx: tuple
+) -> tuple:
     try:
         c = Context._from_native(ctx)
         out = fn(step, state, c) if takes_step else fn(state, c)

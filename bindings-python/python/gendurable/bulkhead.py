@@ -174,4 +174,6 @@ class Bulkhead:
         self._b.reset()
 
     def __repr__(self) -> str:
-        return f"<gendurable.Bulkhead limit={self.limit} in_flight={self.in_flight} wait={self.wait}>"
+        return (
+            f"<gendurable.Bulkhead limit={self.limit} in_flight={self.in_flight} wait={self.wait}>"
+        )

@@ -43,7 +43,7 @@ class Context:
 
     def __init__(
         self,
-        id: int,  # noqa: A002
+        id: int,
         workflow: str,
         queue: str,
         attempt: int,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
 import datetime as _dt
 import enum
 import inspect
@@ -83,7 +84,9 @@ class _Workflow:
 
     def set_fallback(self, fn: Callable[..., Any]) -> None:
         if self.fallback is not None:
-            raise InvalidConfig(f"workflow {self.name!r}: a catch-all step function is defined twice")
+            raise InvalidConfig(
+                f"workflow {self.name!r}: a catch-all step function is defined twice"
+            )
         self.fallback = (fn, _is_async(fn), True)
 
     def add_class(self, cls: type) -> None:
@@ -94,9 +97,7 @@ class _Workflow:
                 if attr.startswith("_") or attr in seen:
                     continue
                 seen.add(attr)
-                if not (
-                    inspect.isfunction(raw) or isinstance(raw, (staticmethod, classmethod))
-                ):
+                if not (inspect.isfunction(raw) or isinstance(raw, (staticmethod, classmethod))):
                     continue
                 fn = getattr(instance, attr)
                 if attr == "step":
@@ -311,10 +312,8 @@ _live: weakref.WeakSet[Engine] = weakref.WeakSet()
 @atexit.register
 def _stop_all() -> None:
     for e in list(_live):
-        try:
+        with contextlib.suppress(Exception):  # best effort at exit
             e.shutdown()
-        except Exception:  # noqa: S110 - best effort at exit
-            pass
 
 
 class _LoopThread:
@@ -402,7 +401,11 @@ class Engine:
             what = f"concurrency_limits[{name!r}]"
             o = _cfg_options(what, opts, ("limit", "shards"), ("limit",))
             gates.append(
-                (name, _cfg_int(f"{what} limit", o["limit"]), _cfg_int(f"{what} shards", o.get("shards", 1)))
+                (
+                    name,
+                    _cfg_int(f"{what} limit", o["limit"]),
+                    _cfg_int(f"{what} shards", o.get("shards", 1)),
+                )
             )
         rates = []
         for name, opts in _cfg_mapping("rate_limits", rate_limits or {}).items():
@@ -418,7 +421,9 @@ class Engine:
             )
         if backoff is not None:
             if not (isinstance(backoff, (tuple, list)) and len(backoff) == 2):
-                raise InvalidConfig(f"backoff must be a (base, max) pair of seconds, got {backoff!r}")
+                raise InvalidConfig(
+                    f"backoff must be a (base, max) pair of seconds, got {backoff!r}"
+                )
             backoff = (
                 _cfg_seconds("backoff base", backoff[0]),
                 _cfg_seconds("backoff max", backoff[1]),
@@ -541,7 +546,9 @@ class Engine:
         )
         return self._core.insert_many([new._t])[0]
 
-    async def insert_async(self, workflow: Union[str, Any], state: Optional[Mapping[str, Any]] = None, **options: Any) -> int:
+    async def insert_async(
+        self, workflow: Union[str, Any], state: Optional[Mapping[str, Any]] = None, **options: Any
+    ) -> int:
         """:meth:`insert` for asyncio."""
         new = NewInstance(workflow, state, **options)
         ids = await self._core.insert_many_async([new._t])
@@ -555,33 +562,35 @@ class Engine:
         """:meth:`insert_many` for asyncio."""
         return await self._core.insert_many_async(_news(instances))
 
-    def get(self, id: int) -> Instance:  # noqa: A002
+    def get(self, id: int) -> Instance:
         """Read an instance back; raises :class:`gendurable.NotFound`."""
         return Instance(self._core.get(_id(id)))
 
-    async def get_async(self, id: int) -> Instance:  # noqa: A002
+    async def get_async(self, id: int) -> Instance:
         """:meth:`get` for asyncio."""
         return Instance(await self._core.get_async(_id(id)))
 
-    def signal(self, name: str, payload: Any = None, *, id: Optional[int] = None) -> int:  # noqa: A002
+    def signal(self, name: str, payload: Any = None, *, id: Optional[int] = None) -> int:
         """Wake every instance awaiting signal ``name`` (or, with ``id``, that one
         instance whatever it awaits); the woken step sees ``payload`` in
         ``ctx.wake``. Returns how many were woken. A signal nobody awaits is not kept."""
         return self._core.signal(_str("signal", name), payload, None if id is None else _id(id))
 
-    async def signal_async(self, name: str, payload: Any = None, *, id: Optional[int] = None) -> int:  # noqa: A002
+    async def signal_async(
+        self, name: str, payload: Any = None, *, id: Optional[int] = None
+    ) -> int:
         """:meth:`signal` for asyncio."""
         return await self._core.signal_async(
             _str("signal", name), payload, None if id is None else _id(id)
         )
 
-    def cancel(self, id: int, reason: Optional[str] = None) -> Cancelled:  # noqa: A002
+    def cancel(self, id: int, reason: Optional[str] = None) -> Cancelled:
         """Cancel an instance: at once if it is not executing, else when its
         step's outcome is written. Raises :class:`gendurable.NotFound`."""
         what, _status = self._core.cancel(_id(id), reason)
         return Cancelled(what)
 
-    async def cancel_async(self, id: int, reason: Optional[str] = None) -> Cancelled:  # noqa: A002
+    async def cancel_async(self, id: int, reason: Optional[str] = None) -> Cancelled:
         """:meth:`cancel` for asyncio."""
         what, _status = await self._core.cancel_async(_id(id), reason)
         return Cancelled(what)
@@ -610,7 +619,9 @@ class Engine:
             if self._core.running:
                 return
             if not self._workflows:
-                raise InvalidConfig("no workflows registered: register one before starting the worker")
+                raise InvalidConfig(
+                    "no workflows registered: register one before starting the worker"
+                )
             self._stop.clear()
             self._loop = _LoopThread()
             tables = [(w.name, w.steps, w.fallback) for w in self._workflows.values()]

@@ -54,7 +54,7 @@ class InvalidConfig(Error, ValueError):
 class NotFound(Error, LookupError):
     """No instance has this id (``id``)."""
 
-    def __init__(self, message: str = "", *, id: Optional[int] = None) -> None:  # noqa: A002
+    def __init__(self, message: str = "", *, id: Optional[int] = None) -> None:
         super().__init__(message)
         self.id = id
 

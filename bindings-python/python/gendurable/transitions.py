@@ -112,7 +112,7 @@ class Next(Transition):
         step: str,
         state: dict[str, Any],
         *,
-        concurrency_key: Union[ConcurrencyKey, None, _Keep] = KEEP,
+        concurrency_key: Union[ConcurrencyKey, _Keep, None] = KEEP,
         rate_limit: Optional[str] = None,
         delay: Union[float, _dt.timedelta, None] = None,
     ) -> None:
