@@ -273,6 +273,14 @@ def _cfg_seconds(what: str, v: Any, *, zero_ok: bool = False) -> Optional[float]
     return float(v)
 
 
+def _cfg_req_seconds(what: str, v: Any) -> float:
+    if v is None:
+        raise InvalidConfig(f"{what} is required")
+    s = _cfg_seconds(what, v)
+    assert s is not None
+    return s
+
+
 def _cfg_int(what: str, v: Any) -> int:
     if isinstance(v, bool) or not isinstance(v, int):
         raise InvalidConfig(f"{what} must be an int, got {v!r}")
@@ -415,18 +423,19 @@ class Engine:
                 (
                     name,
                     _cfg_int(f"{what} limit", o["limit"]),
-                    _cfg_seconds(f"{what} period", o["period"]),
+                    _cfg_req_seconds(f"{what} period", o["period"]),
                     _cfg_int(f"{what} burst", o.get("burst", 1)),
                 )
             )
+        backoff_secs: Optional[tuple[float, float]] = None
         if backoff is not None:
             if not (isinstance(backoff, (tuple, list)) and len(backoff) == 2):
                 raise InvalidConfig(
                     f"backoff must be a (base, max) pair of seconds, got {backoff!r}"
                 )
-            backoff = (
-                _cfg_seconds("backoff base", backoff[0]),
-                _cfg_seconds("backoff max", backoff[1]),
+            backoff_secs = (
+                _cfg_req_seconds("backoff base", backoff[0]),
+                _cfg_req_seconds("backoff max", backoff[1]),
             )
         if max_connections is not None:
             max_connections = _cfg_int("max_connections", max_connections)
@@ -445,7 +454,7 @@ class Engine:
             _cfg_seconds("shutdown_timeout", shutdown_timeout, zero_ok=True),
             retention_set,
             _cfg_seconds("retention", retention) if retention_set else None,
-            backoff,
+            backoff_secs,
             max_connections,
         )
         self.schema = schema
@@ -659,7 +668,7 @@ class Engine:
         Signal handlers are installed only when called from the main thread
         (and ``handle_signals`` is true); the previous ones are restored on return.
         """
-        previous: dict[int, Any] = {}
+        previous: dict[Any, Any] = {}
         if handle_signals and threading.current_thread() is threading.main_thread():
 
             def on_signal(signum: int, frame: Any) -> None:

@@ -123,7 +123,7 @@ class Next(Transition):
         self.delay = delay
 
     def _encode(self) -> tuple:
-        if self.concurrency_key is KEEP:
+        if isinstance(self.concurrency_key, _Keep):
             mode, key = 0, None
         elif self.concurrency_key is None:
             mode, key = 1, None
