@@ -41,16 +41,6 @@ async fn observed_node(
     .unwrap()
 }
 
-async fn all_final(engine: &Engine, schema: &str, n: i64) {
-    let pool = engine.pool().clone();
-    let schema = schema.to_owned();
-    support::eventually("all instances completed", Duration::from_secs(180), || {
-        let (pool, schema) = (pool.clone(), schema.clone());
-        async move { support::count(&pool, &schema, "completed").await == n }
-    })
-    .await;
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn three_nodes_never_over_admit() {
     let url = support::url();
@@ -74,7 +64,7 @@ async fn three_nodes_never_over_admit() {
     }
     let n = news.len() as i64;
     nodes[0].insert_many(news).await.unwrap();
-    all_final(&nodes[0], &schema, n).await;
+    support::wait_count(nodes[0].pool(), &schema, "completed", n).await;
 
     let max = obs.max_per_key().await;
     for i in 0..40 {
@@ -290,12 +280,7 @@ async fn release_switch_await_and_prefix_capture() {
         "acct:1 is free after the switch"
     );
     // C must wait for A to leave acct:2: it is still available after B finished.
-    let e = engine.clone();
-    support::eventually("B done", Duration::from_secs(10), || {
-        let e = e.clone();
-        async move { e.get(b).await.unwrap().status == Status::Completed }
-    })
-    .await;
+    support::wait_status(&engine, b, Status::Completed).await;
     assert_eq!(
         engine.get(c).await.unwrap().status,
         Status::Available,
@@ -322,12 +307,7 @@ async fn release_switch_await_and_prefix_capture() {
         started(&mut rx).await,
         (a, "start".into(), Some("api:1".into()))
     );
-    let e = engine.clone();
-    support::eventually("A parked", Duration::from_secs(10), || {
-        let e = e.clone();
-        async move { e.get(a).await.unwrap().status == Status::Awaiting }
-    })
-    .await;
+    support::wait_status(&engine, a, Status::Awaiting).await;
     let b = engine
         .insert(
             NewInstance::new("Ctl", json!({"plan": {"start": {"wait": true}}}))
@@ -395,9 +375,13 @@ async fn gate_and_rate_limit_compose_without_deadlock() {
                 .workflow_fn("Obs", move |step, state, ctx| {
                     let obs = obs.clone();
                     async move {
-                        obs.record(ctx.id, "api:1", "start", &step).await;
+                        let key = ctx
+                            .concurrency_key
+                            .clone()
+                            .unwrap_or_else(|| format!("none:{}", ctx.id));
+                        obs.record(ctx.id, &key, "start", &step).await;
                         tokio::time::sleep(Duration::from_millis(30)).await;
-                        obs.record(ctx.id, "api:1", "end", &step).await;
+                        obs.record(ctx.id, &key, "end", &step).await;
                         Ok(Transition::done(state))
                     }
                 })
@@ -420,7 +404,7 @@ async fn gate_and_rate_limit_compose_without_deadlock() {
     }
     let n = news.len() as i64;
     nodes[0].insert_many(news).await.unwrap();
-    all_final(&nodes[0], &schema, n).await;
+    support::wait_count(nodes[0].pool(), &schema, "completed", n).await;
 
     let max = obs.max_per_key().await;
     assert!(max["api:1"] <= 2, "gate exceeded: {max:?}");

@@ -62,15 +62,7 @@ async fn node_killed_mid_step_is_rescued() {
         .spawn()
         .unwrap();
     let pool = survivor.pool().clone();
-    support::eventually(
-        "the child claimed everything",
-        Duration::from_secs(60),
-        || {
-            let (pool, schema) = (pool.clone(), schema.clone());
-            async move { support::count(&pool, &schema, "executing").await == 5 }
-        },
-    )
-    .await;
+    support::wait_count(&pool, &schema, "executing", 5).await;
     let slots: i64 = sqlx::query_scalar(&format!(
         "SELECT sum(available) FROM \"{schema}\".gate_slots"
     ))
@@ -111,12 +103,7 @@ async fn node_killed_mid_step_is_rescued() {
 
     survivor.start().await.unwrap();
     for &id in &ids {
-        let s = survivor.clone();
-        support::eventually("rescued and completed", Duration::from_secs(60), || {
-            let s = s.clone();
-            async move { s.get(id).await.unwrap().status == Status::Completed }
-        })
-        .await;
+        support::wait_status(&survivor, id, Status::Completed).await;
         let i = survivor.get(id).await.unwrap();
         assert_eq!(i.errors.len(), 1);
         assert_eq!(i.errors[0]["kind"], "lost");

@@ -238,12 +238,7 @@ async fn unknown_workflow_waits_for_a_node_that_knows_it() {
         .insert(NewInstance::new("Known", json!({})))
         .await
         .unwrap();
-    let o = other.clone();
-    support::eventually("the known one ran", Duration::from_secs(10), || {
-        let o = o.clone();
-        async move { o.get(known).await.unwrap().status == Status::Completed }
-    })
-    .await;
+    support::wait_status(&other, known, Status::Completed).await;
     // Several picks later the orphan is untouched: never claimed, never lost.
     let picks = other.stats().snapshot().picks;
     let o = other.clone();
@@ -262,12 +257,7 @@ async fn unknown_workflow_waits_for_a_node_that_knows_it() {
         .start()
         .await
         .unwrap();
-    let r = runner.clone();
-    support::eventually("the orphan ran", Duration::from_secs(10), || {
-        let r = r.clone();
-        async move { r.get(orphan).await.unwrap().status == Status::Completed }
-    })
-    .await;
+    support::wait_status(&runner, orphan, Status::Completed).await;
     other.shutdown().await.unwrap();
     runner.shutdown().await.unwrap();
 }

@@ -115,12 +115,7 @@ async fn finished_instances_are_pruned_after_the_retention() {
         .await
         .unwrap();
     engine.start().await.unwrap();
-    let e = engine.clone();
-    support::eventually("done", Duration::from_secs(10), || {
-        let e = e.clone();
-        async move { e.get(done).await.unwrap().status == Status::Completed }
-    })
-    .await;
+    support::wait_status(&engine, done, Status::Completed).await;
     tokio::time::sleep(Duration::from_millis(5)).await; // older than the 1 ms retention
     assert_eq!(engine.prune_now().await.unwrap(), 1);
     assert!(matches!(

@@ -41,11 +41,7 @@ async fn run(nodes: usize, instances: usize) {
         .collect();
     let ids = engines[0].insert_many(news).await.unwrap();
     let pool = engines[0].pool().clone();
-    support::eventually("all completed", Duration::from_secs(120), || {
-        let (pool, schema) = (pool.clone(), schema.clone());
-        async move { support::count(&pool, &schema, "completed").await == instances as i64 }
-    })
-    .await;
+    support::wait_count(&pool, &schema, "completed", instances as i64).await;
 
     let mut outcomes = 0;
     for e in &engines {

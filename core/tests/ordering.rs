@@ -116,22 +116,12 @@ async fn a_signal_wakes_every_waiter() {
         .await
         .unwrap();
     for &id in &ids {
-        let e = engine.clone();
-        support::eventually("parked", Duration::from_secs(10), || {
-            let e = e.clone();
-            async move { e.get(id).await.unwrap().status == Status::Awaiting }
-        })
-        .await;
+        support::wait_status(&engine, id, Status::Awaiting).await;
     }
     assert_eq!(engine.signal("other", json!(1)).await.unwrap(), 0);
     assert_eq!(engine.signal("bell", json!(1)).await.unwrap(), 3);
     for &id in &ids {
-        let e = engine.clone();
-        support::eventually("woken and done", Duration::from_secs(10), || {
-            let e = e.clone();
-            async move { e.get(id).await.unwrap().status == Status::Completed }
-        })
-        .await;
+        support::wait_status(&engine, id, Status::Completed).await;
     }
     engine.shutdown().await.unwrap();
 }

@@ -2,7 +2,6 @@ mod support;
 
 use gendurable::{NewInstance, Transition};
 use serde_json::json;
-use std::time::Duration;
 
 #[tokio::test]
 async fn one_instance_runs_to_done() {
@@ -25,13 +24,7 @@ async fn one_instance_runs_to_done() {
         .insert(NewInstance::new("Greet", json!({"n": 1})))
         .await
         .unwrap();
-    let e = engine.clone();
-    support::eventually("done", Duration::from_secs(10), || {
-        let e = e.clone();
-        async move { e.get(id).await.unwrap().status.is_final() }
-    })
-    .await;
-    let inst = engine.get(id).await.unwrap();
+    let inst = support::wait_final(&engine, id).await;
     assert_eq!(inst.state, json!({"n": 20}));
     assert_eq!(inst.status, gendurable::Status::Completed);
     engine.shutdown().await.unwrap();

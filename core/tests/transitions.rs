@@ -2,8 +2,8 @@
 mod support;
 
 use gendurable::{
-    AwaitOn, Cancelled, ConcurrencyKey, Engine, KeyChange, NewInstance, NextOptions, Status,
-    Transition, Wake,
+    AwaitOn, Cancelled, ConcurrencyKey, KeyChange, NewInstance, NextOptions, Status, Transition,
+    Wake,
 };
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -76,29 +76,6 @@ fn builder(url: &str, schema: &str, gate: Arc<Notify>) -> gendurable::EngineBuil
         })
 }
 
-async fn finished(engine: &Engine, id: i64) -> gendurable::Instance {
-    let e = engine.clone();
-    support::eventually("instance finished", Duration::from_secs(20), || {
-        let e = e.clone();
-        async move { e.get(id).await.unwrap().status.is_final() }
-    })
-    .await;
-    engine.get(id).await.unwrap()
-}
-
-async fn status_is(engine: &Engine, id: i64, status: Status) {
-    let e = engine.clone();
-    support::eventually(
-        &format!("instance {id} {status}"),
-        Duration::from_secs(20),
-        || {
-            let e = e.clone();
-            async move { e.get(id).await.unwrap().status == status }
-        },
-    )
-    .await;
-}
-
 fn plan(plan: Value) -> NewInstance {
     NewInstance::new("Plan", json!({ "plan": plan }))
 }
@@ -132,7 +109,7 @@ async fn every_transition_kind() {
         )
         .await
         .unwrap();
-    let i = finished(&engine, id).await;
+    let i = support::wait_final(&engine, id).await;
     assert_eq!(i.status, Status::Completed);
     assert_eq!(steps(&i), ["start", "b", "c", "d"]);
     let keys: Vec<Value> = i.state["seen"]
@@ -160,15 +137,18 @@ async fn every_transition_kind() {
         ))
         .await
         .unwrap();
-    status_is(&engine, id, Status::Scheduled).await;
-    assert_eq!(finished(&engine, id).await.status, Status::Completed);
+    support::wait_status(&engine, id, Status::Scheduled).await;
+    assert_eq!(
+        support::wait_final(&engine, id).await.status,
+        Status::Completed
+    );
 
     // snooze does not count as an attempt
     let id = engine
         .insert(plan(json!({"start": {"do": "snooze_once"}})))
         .await
         .unwrap();
-    let i = finished(&engine, id).await;
+    let i = support::wait_final(&engine, id).await;
     assert_eq!(i.status, Status::Completed);
     assert!(SNOOZED.lock().unwrap().contains(&id));
     let attempts: Vec<i64> = i.state["seen"]
@@ -185,7 +165,7 @@ async fn every_transition_kind() {
         .insert(plan(json!({"start": {"do": "fail_until", "n": 3}})))
         .await
         .unwrap();
-    let i = finished(&engine, id).await;
+    let i = support::wait_final(&engine, id).await;
     assert_eq!(i.status, Status::Completed);
     assert_eq!(i.errors.len(), 2);
     assert_eq!(i.errors[0]["message"], "boom 1");
@@ -196,7 +176,7 @@ async fn every_transition_kind() {
         .insert(plan(json!({"start": {"do": "fail_until", "n": 99}})).max_attempts(3))
         .await
         .unwrap();
-    let i = finished(&engine, id).await;
+    let i = support::wait_final(&engine, id).await;
     assert_eq!(i.status, Status::Discarded);
     assert_eq!(i.errors.len(), 3);
     assert_eq!(i.attempt, 3);
@@ -206,7 +186,7 @@ async fn every_transition_kind() {
         .insert(plan(json!({"start": {"do": "panic"}})).max_attempts(1))
         .await
         .unwrap();
-    let i = finished(&engine, id).await;
+    let i = support::wait_final(&engine, id).await;
     assert_eq!(i.status, Status::Discarded);
     assert_eq!(i.errors[0]["kind"], "panic");
     assert!(i.errors[0]["message"]
@@ -219,7 +199,7 @@ async fn every_transition_kind() {
         .insert(plan(json!({"start": {"do": "bad_state"}})).max_attempts(1))
         .await
         .unwrap();
-    let i = finished(&engine, id).await;
+    let i = support::wait_final(&engine, id).await;
     assert_eq!(i.status, Status::Discarded);
     assert_eq!(i.errors[0]["kind"], "invalid_transition");
     assert!(i.errors[0]["message"]
@@ -232,7 +212,7 @@ async fn every_transition_kind() {
         .insert(plan(json!({"start": {"do": "cancel"}})))
         .await
         .unwrap();
-    let i = finished(&engine, id).await;
+    let i = support::wait_final(&engine, id).await;
     assert_eq!(i.status, Status::Cancelled);
     assert_eq!(i.errors[0]["message"], "no longer needed");
 
@@ -243,12 +223,12 @@ async fn every_transition_kind() {
         ))
         .await
         .unwrap();
-    status_is(&engine, id, Status::Awaiting).await;
+    support::wait_status(&engine, id, Status::Awaiting).await;
     assert_eq!(
         engine.signal("paid", json!({"amount": 5})).await.unwrap(),
         1
     );
-    let i = finished(&engine, id).await;
+    let i = support::wait_final(&engine, id).await;
     assert_eq!(steps(&i), ["start", "woken"]);
     assert_eq!(
         i.state["seen"][1]["wake"],
@@ -262,7 +242,7 @@ async fn every_transition_kind() {
         ))
         .await
         .unwrap();
-    let i = finished(&engine, id).await;
+    let i = support::wait_final(&engine, id).await;
     assert_eq!(i.state["seen"][1]["wake"], json!("timeout"));
 
     // cancel by id: a scheduled one at once, an executing one at its outcome
@@ -281,10 +261,13 @@ async fn every_transition_kind() {
         .insert(plan(json!({"start": {"do": "block"}})))
         .await
         .unwrap();
-    status_is(&engine, id, Status::Executing).await;
+    support::wait_status(&engine, id, Status::Executing).await;
     assert_eq!(engine.cancel(id).await.unwrap(), Cancelled::AtOutcome);
     gate.notify_one();
-    assert_eq!(finished(&engine, id).await.status, Status::Cancelled);
+    assert_eq!(
+        support::wait_final(&engine, id).await.status,
+        Status::Cancelled
+    );
     assert!(matches!(
         engine.cancel(123_456_789).await,
         Err(gendurable::Error::NotFound(_))
@@ -308,7 +291,7 @@ async fn survives_an_engine_restart() {
         .insert(plan(json!({})).schedule_in(Duration::from_millis(1500)))
         .await
         .unwrap();
-    status_is(&engine, awaiting, Status::Awaiting).await;
+    support::wait_status(&engine, awaiting, Status::Awaiting).await;
     engine.shutdown().await.unwrap();
 
     // A new engine (a new node) on the same schema picks up where it was.
@@ -319,8 +302,11 @@ async fn survives_an_engine_restart() {
         .signal_instance(awaiting, "go", json!(1))
         .await
         .unwrap());
-    let i = finished(&engine, awaiting).await;
+    let i = support::wait_final(&engine, awaiting).await;
     assert_eq!(steps(&i), ["start", "wait", "after"]);
-    assert_eq!(finished(&engine, later).await.status, Status::Completed);
+    assert_eq!(
+        support::wait_final(&engine, later).await.status,
+        Status::Completed
+    );
     engine.shutdown().await.unwrap();
 }

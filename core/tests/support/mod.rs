@@ -154,3 +154,58 @@ impl Observer {
         .collect()
     }
 }
+
+/// Waits until instance `id` has `status` (at most a minute) and returns it.
+pub async fn wait_status(
+    engine: &Engine,
+    id: i64,
+    status: gendurable::Status,
+) -> gendurable::Instance {
+    wait_for(engine, id, &format!("instance {id} {status}"), |i| {
+        i.status == status
+    })
+    .await
+}
+
+/// Waits until instance `id` is final (at most a minute) and returns it.
+pub async fn wait_final(engine: &Engine, id: i64) -> gendurable::Instance {
+    wait_for(engine, id, &format!("instance {id} final"), |i| {
+        i.status.is_final()
+    })
+    .await
+}
+
+/// Waits until instance `id` satisfies `pred` (at most a minute).
+pub async fn wait_for(
+    engine: &Engine,
+    id: i64,
+    what: &str,
+    pred: impl Fn(&gendurable::Instance) -> bool,
+) -> gendurable::Instance {
+    let start = std::time::Instant::now();
+    loop {
+        let i = engine.get(id).await.unwrap();
+        if pred(&i) {
+            return i;
+        }
+        if start.elapsed() > Duration::from_secs(60) {
+            panic!("{what}: not reached within a minute; last seen {i:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits until `n` instances of the schema have `status` (at most three minutes).
+pub async fn wait_count(pool: &sqlx::PgPool, schema: &str, status: &str, n: i64) {
+    let start = std::time::Instant::now();
+    loop {
+        let c = count(pool, schema, status).await;
+        if c == n {
+            return;
+        }
+        if start.elapsed() > Duration::from_secs(180) {
+            panic!("{n} instances {status}: not reached within three minutes; last count {c}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
