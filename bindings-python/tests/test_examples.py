@@ -1,0 +1,24 @@
+"""The Python examples run and finish."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "python"
+
+
+def test_account_sync_example(database_url, schema):
+    env = {**os.environ, "DATABASE_URL": database_url, "EXAMPLE_SCHEMA": schema}
+    out = subprocess.run(
+        [sys.executable, str(EXAMPLES / "account_sync.py")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("completed: ") == 5
+    assert "'approved': True" in out.stdout
