@@ -30,15 +30,44 @@ defmodule GenDurable.ErrorsTest do
       {[schedule_in: -5], :schedule_in, "non-negative"},
       {[scheduled_at: "tomorrow"], :scheduled_at, "DateTime"},
       {[schedule_in: 5, scheduled_at: DateTime.utc_now()], :scheduled_at, "not both"},
-      {[colour: :blue], :options, "unknown option :colour"}
+      {[colour: :blue], :options, "unknown option :colour"},
+      {[queue: <<255, 1>>], :queue, "not valid UTF-8"},
+      {[state: %{"huge" => String.duplicate("x", 65 * 1024 * 1024)}], :state, "limit"},
+      {[state: %{"l" => Enum.reduce(1..300, [], fn _, acc -> [acc] end)}], :state,
+       "nested deeper"},
+      {[state: %{"f" => fn -> :ok end}], :state, "not JSON"},
+      {[state: %{1 => "int keys are fine", {:t} => "tuple keys are not"}], :state, "map keys"}
     ]
 
     for {opts, field, text} <- cases do
-      assert {:error, %Error{kind: :invalid_input, field: ^field, message: m}} = insert(e, opts),
-             "#{inspect(opts)}"
+      case insert(e, opts) do
+        {:error, %Error{kind: :invalid_input, field: ^field, message: m}} ->
+          assert m =~ text, "#{inspect(opts, limit: 5)}: #{m}"
 
-      assert m =~ text, "#{inspect(opts)}: #{m}"
+        other ->
+          flunk("#{inspect(opts, limit: 5, printable_limit: 50)}: #{inspect(other)}")
+      end
     end
+  end
+
+  test "a large state round-trips through the database", %{engine: e} do
+    big = String.duplicate("é", 500_000)
+    {:ok, id} = insert(e, state: %{"big" => big, "list" => Enum.to_list(1..10_000), "f" => 1.5})
+    {:ok, i} = GenDurable.get(id, engine: e)
+    assert i.state["big"] == big
+    assert i.state["list"] == Enum.to_list(1..10_000)
+    assert i.state["f"] == 1.5
+  end
+
+  test "states nested up to 100 levels are accepted, deeper ones refused", %{engine: e} do
+    nest = fn n -> Enum.reduce(1..n, %{}, fn _, acc -> %{"a" => acc} end) end
+    assert {:ok, id} = insert(e, state: nest.(99))
+    assert {:ok, %{state: state}} = GenDurable.get(id, engine: e)
+    assert state == nest.(99)
+    assert {:error, %Error{field: :state, message: m}} = insert(e, state: nest.(100))
+    assert m =~ "nested deeper than 100"
+
+    assert {:error, %Error{field: :payload}} = GenDurable.signal("s", [nest.(100_000)], engine: e)
   end
 
   test "bad workflow names", %{engine: e} do

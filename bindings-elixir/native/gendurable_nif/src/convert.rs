@@ -13,11 +13,102 @@ use rustler::types::map::MapIterator;
 use rustler::{Atom, Binary, Encoder, Env, Term, TermType};
 use serde_json::{Map, Number, Value};
 
-/// Deeper nesting than this is refused (the conversion recurses).
-const MAX_DEPTH: usize = 256;
+/// More nested containers than this are refused: serde_json reads back at
+/// most 127 from the database (and the engine wraps some values once more),
+/// so a deeper state could be written but never read.
+pub const MAX_DEPTH: usize = 100;
 
-pub fn term_to_json(term: Term) -> Result<Value, String> {
-    to_json(term, 0)
+/// A container being converted. The conversion keeps its own stack rather
+/// than recursing: it runs on scheduler threads, whose stacks are small.
+enum Frame<'a> {
+    Array(std::vec::IntoIter<Term<'a>>, Vec<Value>),
+    Object(
+        std::vec::IntoIter<(String, Term<'a>)>,
+        Map<String, Value>,
+        Option<String>,
+    ),
+}
+
+pub fn term_to_json(root: Term) -> Result<Value, String> {
+    let mut stack: Vec<Frame> = Vec::new();
+    let mut next = Some(root);
+    loop {
+        // Convert the next term: a scalar now, a container by pushing a frame.
+        let mut value = match next.take() {
+            None => None,
+            Some(t) => match t.get_type() {
+                TermType::List => {
+                    if stack.len() >= MAX_DEPTH {
+                        return Err(format!("nested deeper than {MAX_DEPTH} levels"));
+                    }
+                    let items: Vec<Term> = t
+                        .decode()
+                        .map_err(|_| "an improper list is not JSON".to_string())?;
+                    let n = items.len();
+                    stack.push(Frame::Array(items.into_iter(), Vec::with_capacity(n)));
+                    None
+                }
+                TermType::Map => {
+                    if stack.len() >= MAX_DEPTH {
+                        return Err(format!("nested deeper than {MAX_DEPTH} levels"));
+                    }
+                    let entries = map_entries(t)?;
+                    stack.push(Frame::Object(entries.into_iter(), Map::new(), None));
+                    None
+                }
+                _ => Some(scalar(t)?),
+            },
+        };
+        // Hand finished values to their parents until one needs a child.
+        loop {
+            if let Some(v) = value.take() {
+                match stack.last_mut() {
+                    None => return Ok(v),
+                    Some(Frame::Array(_, out)) => out.push(v),
+                    Some(Frame::Object(_, out, key)) => {
+                        let k = key.take().unwrap_or_default();
+                        match out.entry(k) {
+                            serde_json::map::Entry::Vacant(e) => {
+                                e.insert(v);
+                            }
+                            serde_json::map::Entry::Occupied(e) => {
+                                return Err(format!(
+                                    "the key {:?} appears twice (as a string and an atom)",
+                                    e.key()
+                                ))
+                            }
+                        }
+                    }
+                }
+            }
+            let done = match stack.last_mut() {
+                None => unreachable!("a container frame is on the stack"),
+                Some(Frame::Array(items, _)) => match items.next() {
+                    Some(t) => {
+                        next = Some(t);
+                        false
+                    }
+                    None => true,
+                },
+                Some(Frame::Object(entries, _, key)) => match entries.next() {
+                    Some((k, t)) => {
+                        *key = Some(k);
+                        next = Some(t);
+                        false
+                    }
+                    None => true,
+                },
+            };
+            if !done {
+                break;
+            }
+            value = Some(match stack.pop() {
+                Some(Frame::Array(_, out)) => Value::Array(out),
+                Some(Frame::Object(_, out, _)) => Value::Object(out),
+                None => unreachable!(),
+            });
+        }
+    }
 }
 
 fn describe(term: Term) -> &'static str {
@@ -31,10 +122,39 @@ fn describe(term: Term) -> &'static str {
     }
 }
 
-fn to_json(term: Term, depth: usize) -> Result<Value, String> {
-    if depth > MAX_DEPTH {
-        return Err(format!("nested deeper than {MAX_DEPTH} levels"));
+fn map_entries(term: Term) -> Result<Vec<(String, Term)>, String> {
+    let iter = MapIterator::new(term).ok_or("bad map")?;
+    let mut entries = Vec::new();
+    for (k, v) in iter {
+        let key = match k.get_type() {
+            TermType::Binary => binary_str(k)?,
+            TermType::Atom => {
+                let name = k.atom_to_string().map_err(|_| "bad atom".to_string())?;
+                if name == "__struct__" {
+                    return Err(format!(
+                        "a struct ({}) is not JSON; convert it to a map or a string first",
+                        v.atom_to_string().unwrap_or_default()
+                    ));
+                }
+                name
+            }
+            TermType::Integer => match k.decode::<i64>() {
+                Ok(i) => i.to_string(),
+                Err(_) => return Err("a map key is too large an integer".into()),
+            },
+            _ => {
+                return Err(format!(
+                    "map keys must be strings, atoms or integers, got {}",
+                    describe(k)
+                ))
+            }
+        };
+        entries.push((key, v));
     }
+    Ok(entries)
+}
+
+fn scalar(term: Term) -> Result<Value, String> {
     match term.get_type() {
         TermType::Atom => {
             let a: Atom = term.decode().map_err(|_| "bad atom".to_string())?;
@@ -65,51 +185,6 @@ fn to_json(term: Term, depth: usize) -> Result<Value, String> {
             Number::from_f64(f)
                 .map(Value::Number)
                 .ok_or_else(|| "a float is not finite".to_string())
-        }
-        TermType::List => {
-            let items: Vec<Term> = term
-                .decode()
-                .map_err(|_| "an improper list is not JSON".to_string())?;
-            items
-                .into_iter()
-                .map(|t| to_json(t, depth + 1))
-                .collect::<Result<Vec<_>, _>>()
-                .map(Value::Array)
-        }
-        TermType::Map => {
-            let iter = MapIterator::new(term).ok_or("bad map")?;
-            let mut obj = Map::new();
-            for (k, v) in iter {
-                let key = match k.get_type() {
-                    TermType::Binary => binary_str(k)?,
-                    TermType::Atom => {
-                        let name = k.atom_to_string().map_err(|_| "bad atom".to_string())?;
-                        if name == "__struct__" {
-                            return Err(format!(
-                                "a struct ({}) is not JSON; convert it to a map or a string first",
-                                v.atom_to_string().unwrap_or_default()
-                            ));
-                        }
-                        name
-                    }
-                    TermType::Integer => match k.decode::<i64>() {
-                        Ok(i) => i.to_string(),
-                        Err(_) => return Err("a map key is too large an integer".into()),
-                    },
-                    _ => {
-                        return Err(format!(
-                            "map keys must be strings, atoms or integers, got {}",
-                            describe(k)
-                        ))
-                    }
-                };
-                if obj.insert(key.clone(), to_json(v, depth + 1)?).is_some() {
-                    return Err(format!(
-                        "the key {key:?} appears twice (as a string and an atom)"
-                    ));
-                }
-            }
-            Ok(Value::Object(obj))
         }
         _ => Err(format!("{} is not JSON", describe(term))),
     }
