@@ -41,8 +41,11 @@ impl Sql {
             get: q(&format!("SELECT {INSTANCE_COLUMNS} FROM __S__.instances WHERE id = $1")),
             signal: q(include_str!("sql/signal.sql")),
             cancel: q(include_str!("sql/cancel.sql")),
+            // Also answers how many other nodes are alive (heartbeat within $5 s).
             heartbeat: q("INSERT INTO __S__.nodes (id, hostname, pid, queues) VALUES ($1, $2, $3, $4)
-                          ON CONFLICT (id) DO UPDATE SET heartbeat_at = now(), queues = excluded.queues"),
+                          ON CONFLICT (id) DO UPDATE SET heartbeat_at = now(), queues = excluded.queues
+                          RETURNING (SELECT count(*) FROM __S__.nodes n
+                                     WHERE n.id <> $1 AND n.heartbeat_at > now() - make_interval(secs => $5))"),
             forget_node: q("DELETE FROM __S__.nodes WHERE id = $1"),
             prune: q("DELETE FROM __S__.instances WHERE id IN (
                           SELECT id FROM __S__.instances

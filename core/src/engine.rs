@@ -32,6 +32,9 @@ pub(crate) struct Inner {
     pub sql: Sql,
     pub workflows: HashMap<String, Arc<dyn Workflow>>,
     pub stats: Stats,
+    /// Whether other nodes were alive at the last heartbeat: outcomes that free
+    /// keys or slots only notify when someone else may be waiting for them.
+    pub others_alive: std::sync::atomic::AtomicBool,
     node: Mutex<Option<Node>>,
 }
 
@@ -227,6 +230,7 @@ impl EngineBuilder {
                 cfg: self.cfg,
                 workflows: self.workflows,
                 stats: Stats::default(),
+                others_alive: std::sync::atomic::AtomicBool::new(true),
                 node: Mutex::new(None),
             }),
         })

@@ -11,6 +11,7 @@ use crate::workflow::StepContext;
 use sqlx::postgres::PgListener;
 use sqlx::Row;
 use std::collections::HashMap;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit, Semaphore};
@@ -493,6 +494,7 @@ where
         .bind(sqlx::types::Json(batch))
         .bind(&inner.cfg.node_id)
         .bind(&inner.sql.channel)
+        .bind(inner.others_alive.load(Relaxed))
         .fetch_all(e)
         .await?;
     Ok(rows.len())
@@ -553,13 +555,15 @@ async fn listen(sh: Arc<Shared>) {
 
 async fn heartbeat(inner: &Inner) -> Result<()> {
     let queues = serde_json::to_value(&inner.cfg.queues).unwrap_or_default();
-    sqlx::query(&inner.sql.heartbeat)
+    let others: i64 = sqlx::query_scalar(&inner.sql.heartbeat)
         .bind(&inner.cfg.node_id)
         .bind(crate::config::hostname())
         .bind(std::process::id() as i32)
         .bind(queues)
-        .execute(&inner.pool)
+        .bind(inner.cfg.lease.as_secs_f64())
+        .fetch_one(&inner.pool)
         .await?;
+    inner.others_alive.store(others > 0, Relaxed);
     Ok(())
 }
 

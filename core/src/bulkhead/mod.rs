@@ -539,6 +539,13 @@ impl Bulkhead {
         }
     }
 
+    /// Registers a waiter without waiting, for the loom model of wake-ups.
+    #[cfg(gendurable_loom)]
+    #[doc(hidden)]
+    pub fn model_add_waiter(&self) {
+        self.slots.add_waiter();
+    }
+
     /// Moves the model clock forward, so that loom tests can make deadlines pass.
     #[cfg(gendurable_loom)]
     #[doc(hidden)]
@@ -641,6 +648,18 @@ impl OwnedPermit {
     /// The bulkhead this permit belongs to.
     pub fn bulkhead(&self) -> &Arc<Bulkhead> {
         &self.bulkhead
+    }
+}
+
+impl OwnedPermit {
+    /// Releases and reports whether the release would wake a waiter, for the
+    /// loom model of wake-ups.
+    #[cfg(gendurable_loom)]
+    #[doc(hidden)]
+    pub fn model_release(self) -> bool {
+        // Dropping `self` afterwards releases again, which is a no-op: the
+        // slot no longer holds this token.
+        self.bulkhead.slots.release(self.slot, self.token) == Released::FreedWithWaiters
     }
 }
 

@@ -1,7 +1,7 @@
 -- Outcomes of executed steps, many in one statement. $1 is a JSON array of
--- outcomes, $2 the node id. A row is only touched while it is still executing
--- under the same claim (node and attempt): a late outcome of a rescued row is
--- dropped. Each gate slot is credited back to the shard it was debited from,
+-- outcomes, $2 the node id, $3 the wake-up channel, $4 whether to notify
+-- other nodes. A row is only touched while it is still executing under the
+-- same claim (node and attempt): a late outcome of a rescued row is dropped. Each gate slot is credited back to the shard it was debited from,
 -- in this same transaction, locking the counters in key order.
 WITH o AS (
     SELECT * FROM jsonb_to_recordset($1::jsonb) AS o(
@@ -54,6 +54,8 @@ WITH o AS (
     -- Rows waiting for a released key or slot may sit in any queue: wake all
     -- queues of the other nodes ('*' and the sender, which claims for its own
     -- freed slots in this same transaction).
-    SELECT pg_notify($3, '*' || $2) FROM (SELECT 1 FROM upd WHERE released LIMIT 1) r
+    -- $4: only when other nodes are alive (a lone node claims for itself; a
+    -- node that starts meanwhile polls until our next heartbeat sees it).
+    SELECT pg_notify($3, '*' || $2) FROM (SELECT 1 FROM upd WHERE released AND $4 LIMIT 1) r
 )
 SELECT u.id, (SELECT count(*) FROM notified) AS notified FROM upd u
