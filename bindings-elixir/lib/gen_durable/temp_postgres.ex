@@ -8,7 +8,9 @@ defmodule GenDurable.TempPostgres do
       children = [{GenDurable, url: pg.url, queues: [default: 10], workflows: [MyFlow]}]
 
   The server stops when `stop/1` is called, when the handle is
-  garbage-collected, or (through a watchdog process) when the VM dies.
+  garbage-collected, or (through a watchdog process) when the VM dies. Keep
+  the struct referenced for as long as the server is in use: a variable
+  that is never used again may be collected early.
   `url_or_start/0` prefers a real `DATABASE_URL`.
   """
 
