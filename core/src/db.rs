@@ -74,16 +74,17 @@ pub(crate) const INSTANCE_COLUMNS: &str = "id, workflow, step, state, queue, pri
 pub(crate) async fn migrate(pool: &PgPool, schema: &str) -> Result<()> {
     let mut conn = pool.acquire().await?;
     let lock = format!("gendurable.migrate.{schema}");
+    let create = format!("CREATE SCHEMA IF NOT EXISTS \"{schema}\"");
+    let search = format!("SET search_path TO \"{schema}\"");
     conn.execute(sqlx::query("SELECT pg_advisory_lock(hashtext($1))").bind(&lock))
         .await?;
     let result = async {
-        conn.execute(format!("CREATE SCHEMA IF NOT EXISTS \"{schema}\"").as_str())
-            .await?;
+        conn.execute(create.as_str()).await?;
         // The migrations name their tables without a schema: they land in ours,
         // and so does the migrations' own bookkeeping table.
-        conn.execute(format!("SET search_path TO \"{schema}\"").as_str())
-            .await?;
-        MIGRATOR.run(&mut *conn).await?;
+        conn.execute(search.as_str()).await?;
+        // run_direct, not run: its future is Send, so `build()` can be spawned.
+        MIGRATOR.run_direct(&mut *conn).await?;
         Ok::<_, crate::Error>(())
     }
     .await;

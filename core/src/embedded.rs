@@ -6,6 +6,12 @@
 //! cluster uses `trust` authentication for the `postgres` role, so
 //! [`TempPostgres::url`] needs no password.
 //!
+//! It runs `initdb` and `pg_ctl` as child processes and waits for them, so the
+//! host process must not ignore `SIGCHLD` (with `SIG_IGN` children are reaped
+//! by the kernel and waiting fails with "No child processes"). The BEAM does
+//! ignore it: the Elixir binding restores the default disposition when its
+//! NIF loads.
+//!
 //! ```no_run
 //! # async fn demo() -> Result<(), gendurable::embedded::EmbeddedError> {
 //! use gendurable::embedded::TempPostgres;

@@ -9,7 +9,7 @@ use crate::node::Node;
 use crate::outcome::check_rate_key;
 use crate::stats::Stats;
 use crate::validate;
-use crate::workflow::{FnWorkflow, StepContext, StepResult, Workflow};
+use crate::workflow::{FnWorkflow, StepContext, StepResult, WithStepRates, Workflow};
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 use sqlx::postgres::{PgPoolOptions, PgRow};
@@ -48,6 +48,7 @@ pub struct EngineBuilder {
     connect: Option<Connect>,
     cfg: EngineConfig,
     workflows: HashMap<String, Arc<dyn Workflow>>,
+    step_rates: HashMap<String, HashMap<String, String>>,
     duplicate: Option<String>,
     migrate: bool,
     max_connections: Option<u32>,
@@ -60,6 +61,7 @@ impl Engine {
             connect: None,
             cfg: EngineConfig::default(),
             workflows: HashMap::new(),
+            step_rates: HashMap::new(),
             duplicate: None,
             migrate: true,
             max_connections: None,
@@ -125,6 +127,22 @@ impl EngineBuilder {
         Fut: Future<Output = StepResult> + Send + 'static,
     {
         self.workflow(name, FnWorkflow::new(f))
+    }
+
+    /// Declare a rate-limit key for a step of a registered workflow: used
+    /// whenever an instance moves to (or is inserted at) that step without an
+    /// explicit one, unless [`Workflow::rate_limit`] answers first.
+    pub fn step_rate_limit(
+        mut self,
+        workflow: impl Into<String>,
+        step: impl Into<String>,
+        key: impl Into<String>,
+    ) -> Self {
+        self.step_rates
+            .entry(workflow.into())
+            .or_default()
+            .insert(step.into(), key.into());
+        self
     }
 
     /// Gate every key named `name` (`name:*`) to `limit` executing at once.
@@ -204,6 +222,20 @@ impl EngineBuilder {
         for name in self.workflows.keys() {
             validate::name("workflow", name).map_err(|e| Error::config(e.to_string()))?;
         }
+        let mut workflows = self.workflows;
+        for (name, steps) in self.step_rates {
+            let Some(inner) = workflows.remove(&name) else {
+                return Err(Error::config(format!(
+                    "step_rate_limit: no workflow named {name:?} is registered"
+                )));
+            };
+            for (step, key) in &steps {
+                check_rate_key(&self.cfg, key).map_err(|e| {
+                    Error::config(format!("step_rate_limit {name:?}/{step:?}: {e}"))
+                })?;
+            }
+            workflows.insert(name, Arc::new(WithStepRates { inner, steps }));
+        }
         let pool = match self.connect {
             Some(Connect::Pool(pool)) => pool,
             Some(Connect::Url(url)) => {
@@ -228,7 +260,7 @@ impl EngineBuilder {
                 sql: Sql::new(&self.cfg.schema),
                 pool,
                 cfg: self.cfg,
-                workflows: self.workflows,
+                workflows,
                 stats: Stats::default(),
                 others_alive: std::sync::atomic::AtomicBool::new(true),
                 node: Mutex::new(None),

@@ -10,6 +10,9 @@ pub const MAX_NAME_BYTES: usize = 255;
 pub const MAX_KEY_BYTES: usize = 1024;
 /// Largest state, serialised, in bytes.
 pub const MAX_STATE_BYTES: usize = 64 * 1024 * 1024;
+/// Deepest nesting of arrays and objects in a state or payload (JSON readers,
+/// ours included, refuse much deeper documents).
+pub const MAX_DEPTH: usize = 100;
 
 /// A workflow, step, queue or signal name: 1 to 255 bytes, no NUL, no control characters.
 pub fn name(field: &'static str, value: &str) -> Result<()> {
@@ -75,13 +78,7 @@ pub fn state(field: &'static str, value: &Value) -> Result<()> {
             format!("must be a JSON object, got {}", json_kind(value)),
         ));
     }
-    if has_nul(value) {
-        return Err(Error::input(
-            field,
-            "must not contain NUL (\\u0000) characters",
-        ));
-    }
-    Ok(())
+    content(field, value)
 }
 
 /// The serialised-size check, done where the state is serialised anyway.
@@ -95,15 +92,9 @@ pub fn state_size(field: &'static str, serialised_len: usize) -> Result<()> {
     Ok(())
 }
 
-/// Any JSON value (a signal payload): no NUL characters.
+/// Any JSON value (a signal payload): no NUL characters, not too deep.
 pub fn payload(field: &'static str, value: &Value) -> Result<()> {
-    if has_nul(value) {
-        return Err(Error::input(
-            field,
-            "must not contain NUL (\\u0000) characters",
-        ));
-    }
-    Ok(())
+    content(field, value)
 }
 
 /// A schema name: a plain lower-case SQL identifier, so it can be quoted safely
@@ -124,12 +115,40 @@ pub fn schema(value: &str) -> Result<()> {
     }
 }
 
-fn has_nul(value: &Value) -> bool {
+/// No NUL characters (PostgreSQL's jsonb cannot hold them) and at most
+/// [`MAX_DEPTH`] levels of nesting.
+fn content(field: &'static str, value: &Value) -> Result<()> {
+    match walk(value, 1) {
+        Some(Problem::Nul) => Err(Error::input(
+            field,
+            "must not contain NUL (\\u0000) characters",
+        )),
+        Some(Problem::Deep) => Err(Error::input(
+            field,
+            format!("is nested more than {MAX_DEPTH} levels deep"),
+        )),
+        None => Ok(()),
+    }
+}
+
+enum Problem {
+    Nul,
+    Deep,
+}
+
+fn walk(value: &Value, depth: usize) -> Option<Problem> {
     match value {
-        Value::String(s) => s.contains('\0'),
-        Value::Array(a) => a.iter().any(has_nul),
-        Value::Object(o) => o.iter().any(|(k, v)| k.contains('\0') || has_nul(v)),
-        _ => false,
+        Value::Array(_) | Value::Object(_) if depth > MAX_DEPTH => Some(Problem::Deep),
+        Value::String(s) if s.contains('\0') => Some(Problem::Nul),
+        Value::Array(a) => a.iter().find_map(|v| walk(v, depth + 1)),
+        Value::Object(o) => o.iter().find_map(|(k, v)| {
+            if k.contains('\0') {
+                Some(Problem::Nul)
+            } else {
+                walk(v, depth + 1)
+            }
+        }),
+        _ => None,
     }
 }
 
@@ -173,6 +192,13 @@ mod tests {
         assert!(state("state", &json!([1])).is_err());
         assert!(state("state", &json!({"a": "b\u{0}"})).is_err());
         assert!(state("state", &json!({"a\u{0}": 1})).is_err());
+        let mut deep = json!(1);
+        for _ in 0..MAX_DEPTH - 1 {
+            deep = json!([deep]);
+        }
+        assert!(state("state", &json!({ "d": deep.clone() })).is_ok());
+        let err = state("state", &json!({ "d": [deep] })).unwrap_err();
+        assert!(err.to_string().contains("levels deep"), "{err}");
     }
 
     #[test]

@@ -89,3 +89,24 @@ impl Workflow for FnWorkflow {
         (self.0)(step.to_owned(), state, ctx).await
     }
 }
+
+/// A workflow with rate-limit keys declared per step in the builder
+/// ([`crate::EngineBuilder::step_rate_limit`]), for workflows that cannot
+/// override [`Workflow::rate_limit`] (those of the language bindings).
+pub(crate) struct WithStepRates {
+    pub inner: Arc<dyn Workflow>,
+    pub steps: std::collections::HashMap<String, String>,
+}
+
+#[async_trait]
+impl Workflow for WithStepRates {
+    async fn step(&self, step: &str, state: Value, ctx: StepContext) -> StepResult {
+        self.inner.step(step, state, ctx).await
+    }
+
+    fn rate_limit(&self, step: &str, state: &Value) -> Option<String> {
+        self.inner
+            .rate_limit(step, state)
+            .or_else(|| self.steps.get(step).cloned())
+    }
+}

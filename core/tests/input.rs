@@ -71,6 +71,22 @@ async fn bad_input_is_rejected_and_writes_nothing() {
             "{field}: {reason:?} should say {words:?}"
         );
     }
+    // A state nested deeper than JSON readers accept.
+    let mut deep = json!(1);
+    for _ in 0..150 {
+        deep = json!([deep]);
+    }
+    let (f, reason) = field_of(
+        engine
+            .insert(NewInstance::new("W", json!({ "d": deep })))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(
+        (f, reason.contains("levels deep")),
+        ("state", true),
+        "{reason}"
+    );
     // A state over the size limit.
     let huge = json!({ "blob": "x".repeat(gendurable::validate::MAX_STATE_BYTES) });
     let (f, reason) = field_of(
@@ -260,4 +276,83 @@ async fn unknown_workflow_waits_for_a_node_that_knows_it() {
     support::wait_status(&runner, orphan, Status::Completed).await;
     other.shutdown().await.unwrap();
     runner.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn rate_limits_declared_per_step() {
+    let url = support::url();
+    let schema = support::schema("steprate");
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let engine = support::builder(&url, &schema)
+        .queue("default", 2)
+        .rate_limit("openai", RateConfig::new(100, Duration::from_secs(1)))
+        .workflow_fn("W", move |step, state, ctx| {
+            let tx = tx.clone();
+            async move {
+                tx.send((step.clone(), ctx.rate_limit.clone())).unwrap();
+                Ok(match step.as_str() {
+                    "start" => Transition::next("call", state),
+                    _ => Transition::done(state),
+                })
+            }
+        })
+        .step_rate_limit("W", "call", "openai:t1")
+        .start()
+        .await
+        .unwrap();
+    let a = engine
+        .insert(NewInstance::new("W", json!({})))
+        .await
+        .unwrap();
+    let b = engine
+        .insert(NewInstance::new("W", json!({})).step("call"))
+        .await
+        .unwrap();
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        seen.push(
+            tokio::time::timeout(Duration::from_secs(20), rx.recv())
+                .await
+                .unwrap()
+                .unwrap(),
+        );
+    }
+    seen.sort();
+    let t1 = Some("openai:t1".to_owned());
+    assert_eq!(
+        seen,
+        [
+            ("call".into(), t1.clone()),
+            ("call".into(), t1),
+            ("start".into(), None)
+        ]
+    );
+    for id in [a, b] {
+        assert_eq!(
+            support::wait_final(&engine, id).await.status,
+            Status::Completed
+        );
+    }
+    engine.shutdown().await.unwrap();
+
+    for (b, words) in [
+        (
+            Engine::builder()
+                .url(&url)
+                .step_rate_limit("Nobody", "s", "openai:1"),
+            "no workflow named",
+        ),
+        (
+            Engine::builder()
+                .url(&url)
+                .workflow_fn("W", |_s, st, _c| async move { Ok(Transition::done(st)) })
+                .step_rate_limit("W", "s", "unknown:1"),
+            "no rate limit named",
+        ),
+    ] {
+        match b.build().await {
+            Err(Error::InvalidConfig(msg)) => assert!(msg.contains(words), "{msg}"),
+            other => panic!("expected InvalidConfig, got {:?}", other.map(|_| ())),
+        }
+    }
 }

@@ -29,3 +29,17 @@ async fn one_instance_runs_to_done() {
     assert_eq!(inst.status, gendurable::Status::Completed);
     engine.shutdown().await.unwrap();
 }
+
+/// The engine's futures can be spawned on a multi-threaded runtime.
+/// (Checked by the compiler; never run.)
+#[allow(dead_code)]
+fn futures_are_send(e: gendurable::Engine) {
+    fn send<T: Send>(_: T) {}
+    send(gendurable::Engine::builder().build());
+    send(gendurable::Engine::builder().start());
+    send(e.start());
+    send(e.shutdown());
+    send(e.insert(NewInstance::new("W", json!({}))));
+    send(e.migrate());
+    send(e.status());
+}
