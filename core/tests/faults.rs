@@ -179,3 +179,72 @@ async fn postgres_restart_mid_run_loses_nothing() {
         e.shutdown().await.unwrap();
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn dropped_connections_lose_nothing() {
+    let pg = TempPostgres::start().await.unwrap();
+    let url = pg.url();
+    let schema = support::schema("drop");
+    let mut nodes = Vec::new();
+    for _ in 0..2 {
+        nodes.push(
+            support::builder(&url, &schema)
+                .queue("default", 8)
+                .workflow_fn("Two", |step, state, _ctx| async move {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    Ok(match step.as_str() {
+                        "start" => Transition::next("finish", state),
+                        _ => Transition::done(state),
+                    })
+                })
+                .start()
+                .await
+                .unwrap(),
+        );
+    }
+    let n = 1500;
+    let news = (0..n)
+        .map(|i| NewInstance::new("Two", json!({ "i": i })).concurrency_key(("k", i % 50)))
+        .collect();
+    nodes[0].insert_many(news).await.unwrap();
+    // An outside connection that keeps killing every other client connection
+    // (the nodes' pools, their LISTEN connections) while they work.
+    let admin = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&url)
+        .await
+        .unwrap();
+    let mut killed = 0i64;
+    loop {
+        let done: i64 = sqlx::query_scalar(&format!(
+            "SELECT count(*) FROM \"{schema}\".instances WHERE status = 'completed'"
+        ))
+        .fetch_one(&admin)
+        .await
+        .unwrap();
+        if done == n as i64 {
+            break;
+        }
+        let k: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+             WHERE pid <> pg_backend_pid() AND backend_type = 'client backend') t",
+        )
+        .fetch_one(&admin)
+        .await
+        .unwrap();
+        killed += k;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        killed > 0,
+        "connections were dropped while the nodes worked"
+    );
+    let total: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM \"{schema}\".instances"))
+        .fetch_one(&admin)
+        .await
+        .unwrap();
+    assert_eq!(total, n as i64);
+    for e in nodes {
+        e.shutdown().await.unwrap();
+    }
+}
