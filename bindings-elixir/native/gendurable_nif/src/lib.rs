@@ -142,30 +142,6 @@ where
     });
 }
 
-/// Like [`spawn_reply`], for futures the compiler cannot prove `Send` (some
-/// sqlx futures trip a higher-ranked lifetime limitation): the future is
-/// built and driven on one of the runtime's blocking threads.
-fn spawn_reply_local<M, F>(env: Env, reply_ref: Term, make: M)
-where
-    M: FnOnce() -> F + Send + 'static,
-    F: Future<Output = Reply> + 'static,
-{
-    let pid = env.pid();
-    let owned = OwnedEnv::new();
-    let saved = owned.save(reply_ref);
-    runtime().spawn_blocking(move || {
-        let result = std::panic::catch_unwind(AssertUnwindSafe(|| runtime().block_on(make())));
-        let mut owned = owned;
-        let _ = owned.send_and_clear(&pid, move |env| {
-            let r = match result {
-                Ok(f) => f(env),
-                Err(p) => internal_error(env, format!("panic in the NIF: {}", panic_text(p))),
-            };
-            (saved.load(env), r).encode(env)
-        });
-    });
-}
-
 // ---------------------------------------------------------------------------
 // Errors: {:error, {kind, field | nil, message}}
 
@@ -559,7 +535,7 @@ fn engine_start<'a>(
         Ok(b) => b,
         Err(e) => return error_term(env, atoms::invalid_config(), None, e),
     };
-    spawn_reply_local(env, reply_ref, move || async move {
+    spawn_reply(env, reply_ref, async move {
         let engine = match builder.build().await {
             Ok(e) => e,
             Err(e) => return core_error(e),
@@ -938,7 +914,7 @@ fn bench_rust_noop<'a>(
     concurrency: u32,
     reply_ref: Term<'a>,
 ) -> Atom {
-    spawn_reply_local(env, reply_ref, move || async move {
+    spawn_reply(env, reply_ref, async move {
         match bench(url, schema, n, concurrency).await {
             Ok(r) => ok_reply(r),
             Err(e) => core_error(e),
