@@ -67,6 +67,8 @@ defmodule GenDurable do
       with that prefix: `order` gates `order:1` and `order:2` alike.
     * `:rate_limits` — `[name: [limit: n, period: ms, burst: b]]`: steps
       carrying a rate-limit key named `name` start at most `n` per period.
+      Every key a workflow declares with `use GenDurable, rate_limits:` must
+      be named here.
     * `:workflows` — the workflow modules this node runs.
     * `:poll_interval`, `:heartbeat_interval`, `:lease`, `:shutdown_timeout`,
       `:gc_interval` — milliseconds; `:backoff` — `[base: ms, max: ms]` for
@@ -113,6 +115,37 @@ defmodule GenDurable do
   gate in `:concurrency_limits`. Keys are held across steps until a
   transition releases or switches them; an await does not hold its key.
   The database enforces the limits: no node can break them.
+
+  ## Rate limits per step
+
+  A step that calls a rate-limited service can declare its key once, in
+  the workflow module, instead of in every transition that leads to it:
+
+      defmodule Summarize do
+        use GenDurable, rate_limits: %{"call_api" => "openai:default"}
+
+        @impl true
+        def handle_step("start", state, _ctx), do: {:next, "call_api", state}
+
+        def handle_step("call_api", state, ctx) do
+          # ctx.rate_limit == "openai:default"
+          {:done, state}
+        end
+      end
+
+  Options of `use GenDurable`:
+
+    * `:rate_limits` — a map of step names (strings) to rate-limit keys
+      (strings, `"name"` or `"name:rest"`). Whenever an instance moves to
+      one of these steps (`:next` or `:await`), or is inserted at it,
+      without an explicit `rate_limit:`, the step's key applies; an explicit
+      `rate_limit:` wins.
+
+  A declaration that is not a map of strings raises `ArgumentError` when the
+  module is compiled. Each key's name must be configured in the engine's
+  `:rate_limits`: otherwise the engine does not start and the error (a
+  `GenDurable.Error` of kind `:invalid_config`) names the workflow, the
+  step and the key.
   """
 
   alias GenDurable.{Error, Native, Options}
@@ -138,12 +171,51 @@ defmodule GenDurable do
   @callback handle_step(step :: String.t(), state :: map, ctx :: GenDurable.Context.t()) ::
               step_result
 
-  defmacro __using__(_opts) do
-    quote do
+  @doc """
+  Makes the module a workflow: declares the `GenDurable` behaviour.
+
+  Options:
+
+    * `:rate_limits` — a map of step names to rate-limit keys, such as
+      `%{"call_api" => "openai:default"}`. See "Rate limits per step" in the
+      module documentation.
+
+  Bad options raise `ArgumentError` when the module is compiled.
+  """
+  defmacro __using__(opts) do
+    quote bind_quoted: [opts: opts] do
       @behaviour GenDurable
+      @gen_durable_rate_limits GenDurable.__use__!(__MODULE__, opts)
 
       @doc false
       def __gen_durable_workflow__, do: GenDurable.workflow_name(__MODULE__)
+
+      @doc false
+      def __gen_durable_rate_limits__, do: @gen_durable_rate_limits
+    end
+  end
+
+  @doc false
+  # Checks the options of `use GenDurable` when the workflow module is
+  # compiled; returns the declared rate limits.
+  def __use__!(module, opts) do
+    what = "use GenDurable in #{inspect(module)}"
+
+    unless is_list(opts) and Keyword.keyword?(opts) do
+      raise ArgumentError, "#{what}: options must be a keyword list, got: #{inspect(opts)}"
+    end
+
+    case Keyword.keys(opts) -- [:rate_limits] do
+      [] ->
+        :ok
+
+      [unknown | _] ->
+        raise ArgumentError, "#{what}: unknown option #{inspect(unknown)}; known: :rate_limits"
+    end
+
+    case Options.step_rate_limits(Keyword.get(opts, :rate_limits, %{})) do
+      {:ok, _} -> Keyword.get(opts, :rate_limits, %{})
+      {:error, message} -> raise ArgumentError, "#{what}: #{message}"
     end
   end
 

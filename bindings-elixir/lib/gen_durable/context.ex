@@ -8,7 +8,9 @@ defmodule GenDurable.Context do
   * `:queue` — the queue it runs in
   * `:attempt` — this step's attempt, from 1; `:max_attempts` — attempts allowed
   * `:concurrency_key` — the key held while this step runs, or `nil`
-  * `:rate_limit` — the rate-limit key the step was admitted under, or `nil`
+  * `:rate_limit` — the rate-limit key the step was admitted under (given
+    by the transition or the insert, or declared for the step with `use
+    GenDurable, rate_limits: %{step => key}`), or `nil`
   * `:wake` — why the step was woken after an `:await`: `{:signal, name,
     payload}`, `:timeout`, or `nil` when it did not follow an await
   """

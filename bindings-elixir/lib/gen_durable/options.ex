@@ -42,7 +42,7 @@ defmodule GenDurable.Options do
          {:ok, queues} <- queues(Keyword.get(opts, :queues, [])),
          {:ok, gates} <- gates(Keyword.get(opts, :concurrency_limits, [])),
          {:ok, rates} <- rates(Keyword.get(opts, :rate_limits, [])),
-         {:ok, workflows} <- workflows(Keyword.get(opts, :workflows, [])),
+         {:ok, workflows} <- workflows(Keyword.get(opts, :workflows, []), rates),
          {:ok, durations} <-
            durations(opts, [
              :poll_interval,
@@ -235,7 +235,9 @@ defmodule GenDurable.Options do
     end
   end
 
-  defp workflows(mods) when is_list(mods) do
+  defp workflows(mods, rates) when is_list(mods) do
+    rate_names = Enum.map(rates, &elem(&1, 0))
+
     Enum.reduce_while(mods, {:ok, []}, fn mod, {:ok, acc} ->
       cond do
         not is_atom(mod) or mod in [nil, true, false] ->
@@ -250,11 +252,14 @@ defmodule GenDurable.Options do
              "option :workflows: #{inspect(mod)} does not define handle_step/3 (use GenDurable)"
            )}
 
-        Enum.any?(acc, fn {_, m} -> m == mod end) ->
+        Enum.any?(acc, fn {_, m, _} -> m == mod end) ->
           {:halt, error("option :workflows: #{inspect(mod)} is given twice")}
 
         true ->
-          {:cont, {:ok, [{GenDurable.workflow_name(mod), mod} | acc]}}
+          case declared_rate_limits(mod, rate_names) do
+            {:ok, steps} -> {:cont, {:ok, [{GenDurable.workflow_name(mod), mod, steps} | acc]}}
+            err -> {:halt, err}
+          end
       end
     end)
     |> case do
@@ -263,8 +268,75 @@ defmodule GenDurable.Options do
     end
   end
 
-  defp workflows(other),
+  defp workflows(other, _rates),
     do: error("option :workflows must be a list of modules, got: #{inspect(other)}")
+
+  # The rate limits declared with `use GenDurable, rate_limits: %{step => key}`,
+  # read from the function `use` generates. Every key's name must be one of
+  # the engine's `:rate_limits`.
+  defp declared_rate_limits(mod, rate_names) do
+    declared =
+      if function_exported?(mod, :__gen_durable_rate_limits__, 0),
+        do: mod.__gen_durable_rate_limits__(),
+        else: %{}
+
+    case step_rate_limits(declared) do
+      {:ok, steps} ->
+        case Enum.find(steps, fn {_, key} -> key_prefix(key) not in rate_names end) do
+          nil ->
+            {:ok, steps}
+
+          {step, key} ->
+            error(
+              "workflow #{inspect(mod)} declares the rate-limit key #{inspect(key)} for " <>
+                "step #{inspect(step)} (use GenDurable, rate_limits: ...), but no rate limit " <>
+                "named #{inspect(key_prefix(key))} is configured in option :rate_limits " <>
+                "(configured: #{inspect(rate_names)})"
+            )
+        end
+
+      {:error, message} ->
+        error("workflow #{inspect(mod)}: #{message}")
+    end
+  end
+
+  defp key_prefix(key), do: key |> String.split(":", parts: 2) |> hd()
+
+  @doc false
+  # Checks a `rate_limits: %{step => key}` declaration. Returns
+  # {:ok, [{step, key}]} (sorted by step) or {:error, message}.
+  def step_rate_limits(declared) when is_map(declared) and not is_struct(declared) do
+    declared
+    |> Enum.sort()
+    |> Enum.reduce_while({:ok, []}, fn {step, key}, {:ok, acc} ->
+      cond do
+        not non_empty_string?(step) ->
+          {:halt,
+           {:error, "rate_limits: step names must be non-empty strings, got: #{inspect(step)}"}}
+
+        not non_empty_string?(key) or String.starts_with?(key, ":") ->
+          {:halt,
+           {:error,
+            "rate_limits: the key for step #{inspect(step)} must be a string naming a " <>
+              "configured rate limit, such as \"openai:default\", got: #{inspect(key)}"}}
+
+        true ->
+          {:cont, {:ok, [{step, key} | acc]}}
+      end
+    end)
+    |> case do
+      {:ok, acc} -> {:ok, Enum.reverse(acc)}
+      err -> err
+    end
+  end
+
+  def step_rate_limits(other) do
+    {:error,
+     "rate_limits must be a map of step names to rate-limit keys, such as " <>
+       "%{\"call_api\" => \"openai:default\"}, got: #{inspect(other)}"}
+  end
+
+  defp non_empty_string?(s), do: is_binary(s) and s != "" and String.valid?(s)
 
   defp durations(opts, keys) do
     Enum.reduce_while(keys, {:ok, %{}}, fn key, {:ok, acc} ->

@@ -95,3 +95,23 @@ defmodule Account.Sync do
     {:done, state}
   end
 end
+
+defmodule GenDurableTest.Limited do
+  @moduledoc false
+  # Rate-limit keys declared per step.
+  use GenDurable,
+    rate_limits: %{"call_api" => "openai:default", "after_wait" => "openai:waited"}
+
+  import GenDurable.TestHelper, only: [notify: 3]
+
+  @impl true
+  def handle_step(step, state, ctx) do
+    notify(state, step, ctx)
+    run(step, state)
+  end
+
+  defp run("start", %{"mode" => "explicit"} = s), do: {:next, "call_api", s, rate_limit: "api:x"}
+  defp run("start", %{"mode" => "await"} = s), do: {:await, "after_wait", s, timeout: 10}
+  defp run("start", s), do: {:next, "call_api", s}
+  defp run(_step, s), do: {:done, s}
+end

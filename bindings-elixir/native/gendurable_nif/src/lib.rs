@@ -482,12 +482,18 @@ fn build_engine(config: Term, dispatcher: LocalPid) -> Result<gendurable::Engine
             RateConfig::new(limit, Duration::from_millis(period)).burst(burst),
         );
     }
-    for (name, module) in field::<Vec<(String, Atom)>>(config, "workflows")? {
+    // {name, module, [{step, rate_limit_key}]}: the keys declared with
+    // `use GenDurable, rate_limits: %{step => key}`.
+    type WorkflowSpec = (String, Atom, Vec<(String, String)>);
+    for (name, module, step_rates) in field::<Vec<WorkflowSpec>>(config, "workflows")? {
         let module = module
             .to_term(config.get_env())
             .atom_to_string()
             .map_err(|_| "bad module".to_string())?;
-        b = b.workflow(name, ElixirWorkflow { dispatcher, module });
+        b = b.workflow(name.clone(), ElixirWorkflow { dispatcher, module });
+        for (step, key) in step_rates {
+            b = b.step_rate_limit(name.clone(), step, key);
+        }
     }
     if let Some(d) = ms(field(config, "poll_interval")?) {
         b = b.poll_interval(d);
