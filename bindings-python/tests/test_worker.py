@@ -124,3 +124,50 @@ def test_sigint_in_main_thread_stops_run(make_engine):
     t.join()
     assert not engine.running
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+async def test_run_async_until_stop(make_engine):
+    import asyncio
+
+    engine = make_engine()
+    ran = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    @engine.workflow("InLoop")
+    async def in_loop(step, state, ctx):
+        loop.call_soon_threadsafe(ran.set)
+        return gendurable.Done(state)
+
+    await engine.insert_async("InLoop", {})
+    task = asyncio.create_task(engine.run_async())
+    await asyncio.wait_for(ran.wait(), 30)
+    engine.stop()
+    await asyncio.wait_for(task, 30)
+    assert not engine.running
+
+
+def test_shutdown_timeout_cancels_async_steps_and_records_an_error(make_engine):
+    import asyncio
+    import threading
+
+    engine = make_engine(shutdown_timeout=0.1)
+    started, cancelled = threading.Event(), threading.Event()
+
+    @engine.workflow("Stuck")
+    async def stuck(step, state, ctx):
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        return gendurable.Done(state)
+
+    id_ = engine.insert("Stuck", {})
+    engine.start()
+    assert started.wait(30)
+    engine.shutdown()
+    assert cancelled.wait(30)
+    inst = engine.get(id_)
+    assert inst.status in ("scheduled", "available")
+    assert "shutdown timeout" in inst.errors[-1]["message"]

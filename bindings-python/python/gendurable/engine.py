@@ -691,6 +691,34 @@ class Engine:
             for s, h in previous.items():
                 _signal.signal(s, h)
 
+    async def run_async(self, *, handle_signals: bool = True) -> None:
+        """:meth:`run` inside a running event loop: start the worker, wait for
+        SIGINT or SIGTERM (handled on this loop when it runs in the main thread),
+        :meth:`stop` or the cancellation of this task, then shut down gracefully."""
+        loop = asyncio.get_running_loop()
+        stopped = asyncio.Event()
+        installed = []
+        if handle_signals and threading.current_thread() is threading.main_thread():
+            for s in (_signal.SIGINT, _signal.SIGTERM):
+                try:
+                    loop.add_signal_handler(s, stopped.set)
+                    installed.append(s)
+                except (NotImplementedError, RuntimeError):  # pragma: no cover - not POSIX
+                    pass
+        watcher = threading.Thread(
+            target=lambda: (self._stop.wait(), loop.call_soon_threadsafe(stopped.set)),
+            name="gendurable-run-async",
+            daemon=True,
+        )
+        try:
+            await asyncio.to_thread(self.start)
+            watcher.start()
+            await stopped.wait()
+        finally:
+            for s in installed:
+                loop.remove_signal_handler(s)
+            await self.shutdown_async()
+
     async def shutdown_async(self) -> None:
         """:meth:`shutdown` for asyncio (the event loop is not blocked)."""
         await self._core.shutdown_async()
