@@ -356,3 +356,27 @@ async def test_async_client_calls(make_engine):
     assert (await engine.get_async(a)).state == {"v": 1, "payload": {"p": True}}
     with pytest.raises(gendurable.NotFound):
         await engine.get_async(10**12)
+
+
+def test_steps_insert_and_signal_from_inside(make_engine):
+    engine = make_engine()
+    children = threading.Semaphore(0)
+
+    @engine.workflow("Parent")
+    class Parent:
+        def start(self, state, ctx):  # a blocking call from a worker thread
+            engine.insert("Child", {"parent": ctx.id, "kind": "sync"})
+            return Next("more", state)
+
+        async def more(self, state, ctx):  # an asyncio call from the engine's loop
+            await engine.insert_async("Child", {"parent": ctx.id, "kind": "async"})
+            return Done(state)
+
+    @engine.workflow("Child")
+    def child(step, state, ctx):
+        children.release()
+        return Done(state)
+
+    engine.insert("Parent", {})
+    engine.start()
+    assert children.acquire(timeout=30) and children.acquire(timeout=30)

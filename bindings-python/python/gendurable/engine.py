@@ -11,7 +11,6 @@ import inspect
 import os
 import signal as _signal
 import threading
-import weakref
 from collections.abc import Iterable, Mapping
 from typing import Any, Callable, Optional, TypeVar, Union
 
@@ -314,7 +313,8 @@ def _cfg_options(what: str, v: Any, allowed: tuple[str, ...], required: tuple[st
     return dict(v)
 
 
-_live: weakref.WeakSet[Engine] = weakref.WeakSet()
+# Running engines: kept alive while they run, shut down at interpreter exit.
+_live: set[Engine] = set()
 
 
 @atexit.register
