@@ -8,7 +8,7 @@ import time
 
 import gendurable
 from conftest import Intervals
-from gendurable import Done
+from gendurable import Done, Next
 
 
 def test_k1_keys_run_one_at_a_time_and_keys_in_parallel(make_engine):
@@ -85,3 +85,32 @@ def test_gate_admits_up_to_its_limit(make_engine):
     assert 1 < m <= limit
     assert engine.effective_k(("stripe", 42)) == limit
     assert all(engine.get(i).status == "completed" for i in range(1, n + 1))
+
+
+def test_rate_limit_keys_reach_the_steps(make_engine):
+    engine = make_engine(
+        rate_limits={"openai": {"limit": 1000, "period": 1, "burst": 10}},
+    )
+    seen = {}
+    done = threading.Event()
+
+    @engine.workflow("Rated")
+    class Rated:
+        def start(self, state, ctx):
+            seen["start"] = ctx.rate_limit
+            return Next("call", state, rate_limit="openai:tenant7")
+
+        def call(self, state, ctx):
+            seen["call"] = ctx.rate_limit
+            return Next("after", state)
+
+        def after(self, state, ctx):
+            seen["after"] = ctx.rate_limit
+            done.set()
+            return Done(state)
+
+    engine.insert("Rated", {}, rate_limit="openai:tenant1")
+    engine.start()
+    assert done.wait(30)
+    # A rate-limit key applies to one step: the one it was given for.
+    assert seen == {"start": "openai:tenant1", "call": "openai:tenant7", "after": None}
