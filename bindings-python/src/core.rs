@@ -444,7 +444,8 @@ impl Core {
             invoke_async,
             event_loop,
         });
-        let mut b = self.settings.builder();
+        // The worker shares the client's pool (built from the same settings).
+        let mut b = self.settings.builder().pool(self.client.pool().clone());
         for (name, steps, fallback) in workflows {
             b = b.workflow(
                 name,
