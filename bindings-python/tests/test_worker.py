@@ -171,3 +171,21 @@ def test_shutdown_timeout_cancels_async_steps_and_records_an_error(make_engine):
     inst = engine.get(id_)
     assert inst.status in ("scheduled", "available")
     assert "shutdown timeout" in inst.errors[-1]["message"]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="POSIX fork")
+def test_use_after_fork_is_a_clear_error(make_engine):
+    engine = make_engine()
+    engine.migrate()
+    pid = os.fork()
+    if pid == 0:  # the child: must refuse, not hang
+        code = 1
+        try:
+            engine.get(1)
+        except gendurable.Error as e:
+            code = 0 if "fork" in str(e) else 2
+        except BaseException:
+            code = 3
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

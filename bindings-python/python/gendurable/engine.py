@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Callable, Optional, TypeVar, Union
 
 from . import _gendurable, _runner
-from .errors import InvalidConfig, InvalidInput
+from .errors import Error, InvalidConfig, InvalidInput
 from .transitions import ConcurrencyKey, _seconds, _timestamp, key_str
 
 __all__ = ["Cancelled", "Engine", "Instance", "NewInstance", "workflow"]
@@ -324,6 +324,28 @@ def _stop_all() -> None:
             e.shutdown()
 
 
+_used = False  # whether this process has started the native runtime
+_forked = False  # whether this process was forked after that
+
+
+def _after_fork_in_child() -> None:
+    global _forked
+    if _used:
+        _forked = True
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _check_fork() -> None:
+    if _forked:
+        raise Error(
+            "gendurable was used in this process's parent before it forked, and its"
+            " native threads do not survive a fork: use gendurable only after forking"
+        )
+
+
 class _LoopThread:
     """The engine's event loop for async steps, on a thread of its own."""
 
@@ -440,6 +462,9 @@ class Engine:
         if max_connections is not None:
             max_connections = _cfg_int("max_connections", max_connections)
         retention_set = retention is not _UNSET
+        _check_fork()
+        global _used
+        _used = True
         self._core = _gendurable.Core(
             url,
             schema,
@@ -514,6 +539,7 @@ class Engine:
 
     def migrate(self) -> None:
         """Create or upgrade the schema (the first call that needs it does it too)."""
+        _check_fork()
         self._core.migrate()
 
     async def migrate_async(self) -> None:
@@ -553,6 +579,7 @@ class Engine:
             scheduled_at=scheduled_at,
             max_attempts=max_attempts,
         )
+        _check_fork()
         return self._core.insert_many([new._t])[0]
 
     async def insert_async(
@@ -565,6 +592,7 @@ class Engine:
 
     def insert_many(self, instances: Iterable[NewInstance]) -> list[int]:
         """Insert many instances in one round trip; all or none. Returns their ids in order."""
+        _check_fork()
         return self._core.insert_many(_news(instances))
 
     async def insert_many_async(self, instances: Iterable[NewInstance]) -> list[int]:
@@ -573,6 +601,7 @@ class Engine:
 
     def get(self, id: int) -> Instance:
         """Read an instance back; raises :class:`gendurable.NotFound`."""
+        _check_fork()
         return Instance(self._core.get(_id(id)))
 
     async def get_async(self, id: int) -> Instance:
@@ -583,6 +612,7 @@ class Engine:
         """Wake every instance awaiting signal ``name`` (or, with ``id``, that one
         instance whatever it awaits); the woken step sees ``payload`` in
         ``ctx.wake``. Returns how many were woken. A signal nobody awaits is not kept."""
+        _check_fork()
         return self._core.signal(_str("signal", name), payload, None if id is None else _id(id))
 
     async def signal_async(
@@ -596,6 +626,7 @@ class Engine:
     def cancel(self, id: int, reason: Optional[str] = None) -> Cancelled:
         """Cancel an instance: at once if it is not executing, else when its
         step's outcome is written. Raises :class:`gendurable.NotFound`."""
+        _check_fork()
         what, _status = self._core.cancel(_id(id), reason)
         return Cancelled(what)
 
@@ -624,6 +655,7 @@ class Engine:
         """Start the worker node in the background: it claims runnable instances
         of the registered workflows and runs their steps (sync steps on worker
         threads, async steps on the engine's event loop thread)."""
+        _check_fork()
         with self._lock:
             if self._core.running:
                 return
