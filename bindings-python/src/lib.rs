@@ -32,8 +32,20 @@ where
     py.detach(|| runtime().block_on(make()))
 }
 
+/// With `GENDURABLE_LOG` set (e.g. `info`, `gendurable=debug`), the core's
+/// log goes to stderr.
+fn init_logging() {
+    if let Ok(filter) = std::env::var("GENDURABLE_LOG") {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
+}
+
 #[pymodule]
 fn _gendurable(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    init_logging();
     m.add_class::<core::Core>()?;
     m.add_class::<bulkhead::PyBulkhead>()?;
     m.add_class::<bulkhead::PyPermit>()?;
