@@ -20,7 +20,8 @@ use tokio::sync::oneshot;
 
 /// A step function: `(fn, is_async, takes_step)`.
 pub(crate) struct PyStep {
-    f: Py<PyAny>,
+    // In an Arc so that the node's task can take a reference without the GIL.
+    f: Arc<Py<PyAny>>,
     is_async: bool,
     takes_step: bool,
 }
@@ -30,7 +31,7 @@ impl<'a, 'py> FromPyObject<'a, 'py> for PyStep {
     fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
         let (f, is_async, takes_step): (Bound<'py, PyAny>, bool, bool) = obj.extract()?;
         Ok(PyStep {
-            f: f.unbind(),
+            f: Arc::new(f.unbind()),
             is_async,
             takes_step,
         })
@@ -197,8 +198,7 @@ impl Workflow for PyWorkflow {
             )));
         };
         let hooks = self.hooks.clone();
-        let (f, is_async, takes_step) =
-            Python::attach(|py| (s.f.clone_ref(py), s.is_async, s.takes_step));
+        let (f, is_async, takes_step) = (s.f.clone(), s.is_async, s.takes_step);
         let step = step.to_owned();
         if !is_async {
             let out = tokio::task::spawn_blocking(move || {
