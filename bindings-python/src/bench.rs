@@ -43,7 +43,11 @@ pub(crate) fn _bench_rust_noop(
             .build()
             .await?;
         engine
-            .insert_many((0..n).map(|i| NewInstance::new("bench.RustNoop", json!({"i": i}))).collect())
+            .insert_many(
+                (0..n)
+                    .map(|i| NewInstance::new("bench.RustNoop", json!({"i": i})))
+                    .collect(),
+            )
             .await?;
         let t = Instant::now();
         engine.start().await?;

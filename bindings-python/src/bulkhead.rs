@@ -42,7 +42,12 @@ fn saturated(py: Python<'_>, b: &Bulkhead) -> PyErr {
 impl PyBulkhead {
     #[new]
     #[pyo3(signature = (limit, reclaim_after, wait=None, name=None))]
-    fn new(limit: i64, reclaim_after: f64, wait: Option<f64>, name: Option<String>) -> PyResult<Self> {
+    fn new(
+        limit: i64,
+        reclaim_after: f64,
+        wait: Option<f64>,
+        name: Option<String>,
+    ) -> PyResult<Self> {
         if limit < 1 {
             return Err(invalid_config(format!(
                 "bulkhead limit must be at least 1, got {limit}"
@@ -56,7 +61,9 @@ impl PyBulkhead {
             )));
         }
         let reclaim_after = Duration::try_from_secs_f64(reclaim_after).map_err(|_| {
-            invalid_config(format!("bulkhead reclaim_after {reclaim_after} is out of range"))
+            invalid_config(format!(
+                "bulkhead reclaim_after {reclaim_after} is out of range"
+            ))
         })?;
         let wait = match wait {
             None => Wait::None,
@@ -183,5 +190,7 @@ impl PyPermit {
 /// An awaitable already holding `value`.
 fn ready(value: Bound<'_, PyAny>) -> PyResult<Bound<'_, PyAny>> {
     let py = value.py();
-    py.import("gendurable._util")?.getattr("ready")?.call1((value,))
+    py.import("gendurable._util")?
+        .getattr("ready")?
+        .call1((value,))
 }

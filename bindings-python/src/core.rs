@@ -1,9 +1,9 @@
 //! `Core`: one configured engine, its client calls and its worker node.
 
+use crate::block_on;
 use crate::errors::{invalid_config, invalid_input, IntoPyResult};
 use crate::values::{config_seconds, epoch, seconds, timestamp, to_json, to_py};
 use crate::workflow::{Hooks, PyStep, PyWorkflow};
-use crate::block_on;
 use gendurable::{Cancelled, Engine, EngineBuilder, GateConfig, Instance, NewInstance, RateConfig};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
@@ -116,8 +116,18 @@ type NewTuple<'py> = (
 );
 
 fn new_instance(t: NewTuple<'_>) -> PyResult<NewInstance> {
-    let (workflow, state, step, queue, priority, ckey, rkey, schedule_in, scheduled_at, max_attempts) =
-        t;
+    let (
+        workflow,
+        state,
+        step,
+        queue,
+        priority,
+        ckey,
+        rkey,
+        schedule_in,
+        scheduled_at,
+        max_attempts,
+    ) = t;
     let state = to_json("state", &state)?;
     let priority = i16::try_from(priority)
         .map_err(|_| invalid_input("priority", format!("must be 0 to 9, got {priority}")))?;
@@ -284,7 +294,11 @@ impl Core {
     /// Create or upgrade the schema (also done by the first call that needs it).
     fn migrate(&self, py: Python<'_>) -> PyResult<()> {
         let (engine, cell) = (self.client.clone(), self.migrated.clone());
-        block_on(py, move || async move { ensure_migrated(&engine, &cell).await }).py_err()
+        block_on(
+            py,
+            move || async move { ensure_migrated(&engine, &cell).await },
+        )
+        .py_err()
     }
 
     fn migrate_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
@@ -295,7 +309,10 @@ impl Core {
     }
 
     fn insert_many(&self, py: Python<'_>, news: Vec<NewTuple<'_>>) -> PyResult<Vec<i64>> {
-        let news = news.into_iter().map(new_instance).collect::<PyResult<Vec<_>>>()?;
+        let news = news
+            .into_iter()
+            .map(new_instance)
+            .collect::<PyResult<Vec<_>>>()?;
         let (engine, cell) = (self.client.clone(), self.migrated.clone());
         block_on(py, move || async move {
             ensure_migrated(&engine, &cell).await?;
@@ -309,7 +326,10 @@ impl Core {
         py: Python<'py>,
         news: Vec<NewTuple<'_>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let news = news.into_iter().map(new_instance).collect::<PyResult<Vec<_>>>()?;
+        let news = news
+            .into_iter()
+            .map(new_instance)
+            .collect::<PyResult<Vec<_>>>()?;
         let (engine, cell) = (self.client.clone(), self.migrated.clone());
         pyo3_async_runtimes::tokio::future_into_py(py, async move {
             ensure_migrated(&engine, &cell).await.py_err()?;
@@ -506,4 +526,3 @@ impl Core {
         )
     }
 }
-

@@ -33,7 +33,10 @@ pub(crate) fn to_py(e: gendurable::Error) -> PyErr {
                 py,
                 "InvalidInput",
                 msg,
-                &[("field", field.into_pyobject(py).unwrap().into_any().unbind())],
+                &[(
+                    "field",
+                    field.into_pyobject(py).unwrap().into_any().unbind(),
+                )],
             ),
             gendurable::Error::InvalidConfig(_) => raise(py, "InvalidConfig", msg, &[]),
             gendurable::Error::NotFound(id) => raise(

@@ -17,8 +17,10 @@ impl PyTempPostgres {
     /// Start a cluster from the installed server binaries.
     #[staticmethod]
     fn start(py: Python<'_>) -> PyResult<Self> {
-        let pg = block_on(py, || async { TempPostgres::start().await.map_err(gendurable::Error::from) })
-            .py_err()?;
+        let pg = block_on(py, || async {
+            TempPostgres::start().await.map_err(gendurable::Error::from)
+        })
+        .py_err()?;
         Ok(PyTempPostgres {
             url: pg.url(),
             inner: Mutex::new(Some(pg)),

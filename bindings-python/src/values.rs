@@ -62,12 +62,24 @@ fn convert(obj: &Bound<'_, PyAny>, depth: usize) -> Result<Value, String> {
         return Ok(Value::Object(map));
     }
     if let Ok(l) = obj.cast::<PyList>() {
-        return l.iter().map(|v| convert(&v, depth + 1)).collect::<Result<_, _>>().map(Value::Array);
+        return l
+            .iter()
+            .map(|v| convert(&v, depth + 1))
+            .collect::<Result<_, _>>()
+            .map(Value::Array);
     }
     if let Ok(t) = obj.cast::<PyTuple>() {
-        return t.iter().map(|v| convert(&v, depth + 1)).collect::<Result<_, _>>().map(Value::Array);
+        return t
+            .iter()
+            .map(|v| convert(&v, depth + 1))
+            .collect::<Result<_, _>>()
+            .map(Value::Array);
     }
-    Err(format!("a {} is not a JSON value ({})", type_name(obj), repr(obj)))
+    Err(format!(
+        "a {} is not a JSON value ({})",
+        type_name(obj),
+        repr(obj)
+    ))
 }
 
 fn type_name(obj: &Bound<'_, PyAny>) -> String {

@@ -56,9 +56,9 @@ pub(crate) struct PyWorkflow {
 fn ctx_to_py<'py>(py: Python<'py>, ctx: &StepContext) -> PyResult<Bound<'py, PyTuple>> {
     let wake = match &ctx.wake {
         None => py.None().into_bound(py),
-        Some(Wake::Signal { name, payload }) => {
-            ("signal", name.as_str(), to_py(py, payload)?).into_pyobject(py)?.into_any()
-        }
+        Some(Wake::Signal { name, payload }) => ("signal", name.as_str(), to_py(py, payload)?)
+            .into_pyobject(py)?
+            .into_any(),
         Some(Wake::Timeout) => ("timeout",).into_pyobject(py)?.into_any(),
         #[allow(unreachable_patterns)]
         Some(_) => py.None().into_bound(py),
@@ -77,7 +77,8 @@ fn ctx_to_py<'py>(py: Python<'py>, ctx: &StepContext) -> PyResult<Bound<'py, PyT
 }
 
 fn secs(what: &str, s: f64) -> Result<Duration, String> {
-    Duration::try_from_secs_f64(s).map_err(|_| format!("{what} must be a finite number of seconds, zero or more; got {s}"))
+    Duration::try_from_secs_f64(s)
+        .map_err(|_| format!("{what} must be a finite number of seconds, zero or more; got {s}"))
 }
 
 /// Decode the tuple `_invoke` returns (see `gendurable/_runner.py`).
@@ -93,9 +94,14 @@ fn decode(t: &Bound<'_, PyAny>) -> Transition {
 
 fn try_decode(t: &Bound<'_, PyAny>) -> Result<Transition, String> {
     let t = t.cast::<PyTuple>().map_err(|e| e.to_string())?;
-    let kind: String = t.get_item(0).and_then(|k| k.extract()).map_err(|e| e.to_string())?;
+    let kind: String = t
+        .get_item(0)
+        .and_then(|k| k.extract())
+        .map_err(|e| e.to_string())?;
     let item = |i: usize| t.get_item(i).map_err(|e| e.to_string());
-    let s = |i: usize| -> Result<String, String> { item(i)?.extract().map_err(|e: PyErr| e.to_string()) };
+    let s = |i: usize| -> Result<String, String> {
+        item(i)?.extract().map_err(|e: PyErr| e.to_string())
+    };
     let os = |i: usize| -> Result<Option<String>, String> {
         item(i)?.extract().map_err(|e: PyErr| e.to_string())
     };
@@ -262,7 +268,7 @@ impl Workflow for PyWorkflow {
         // Finished: nothing to cancel (the reference is released later, when
         // some thread holds the GIL).
         guard.0 = None;
-        Ok(tr.unwrap_or_else(|_| Transition::error("the async step was dropped before it finished")))
+        Ok(tr
+            .unwrap_or_else(|_| Transition::error("the async step was dropped before it finished")))
     }
 }
-
