@@ -441,13 +441,19 @@ impl Core {
     }
 
     /// Start the worker node with `workflows`: a list of
-    /// `(name, {step: (fn, is_async, takes_step)}, fallback or None)`;
+    /// `(name, {step: (fn, is_async, takes_step)}, fallback or None,
+    /// {step: rate-limit key})`;
     /// `invoke` / `invoke_async` are the package's step runners and `loop`
     /// the asyncio loop async steps run on.
     fn start(
         &self,
         py: Python<'_>,
-        workflows: Vec<(String, HashMap<String, PyStep>, Option<PyStep>)>,
+        workflows: Vec<(
+            String,
+            HashMap<String, PyStep>,
+            Option<PyStep>,
+            HashMap<String, String>,
+        )>,
         invoke: Py<PyAny>,
         invoke_async: Py<PyAny>,
         event_loop: Py<PyAny>,
@@ -466,12 +472,13 @@ impl Core {
         });
         // The worker shares the client's pool (built from the same settings).
         let mut b = self.settings.builder().pool(self.client.pool().clone());
-        for (name, steps, fallback) in workflows {
+        for (name, steps, fallback, rate_limits) in workflows {
             b = b.workflow(
                 name,
                 PyWorkflow {
                     steps,
                     fallback,
+                    rate_limits,
                     hooks: hooks.clone(),
                 },
             );

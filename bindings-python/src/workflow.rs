@@ -50,6 +50,9 @@ pub(crate) struct Hooks {
 pub(crate) struct PyWorkflow {
     pub steps: HashMap<String, PyStep>,
     pub fallback: Option<PyStep>,
+    /// Rate-limit keys declared per step, applied when the instance moves to
+    /// (or is inserted at) that step without an explicit one.
+    pub rate_limits: HashMap<String, String>,
     pub hooks: Arc<Hooks>,
 }
 
@@ -196,6 +199,10 @@ impl Drop for CancelOnDrop {
 
 #[gendurable::async_trait]
 impl Workflow for PyWorkflow {
+    fn rate_limit(&self, step: &str, _state: &serde_json::Value) -> Option<String> {
+        self.rate_limits.get(step).cloned()
+    }
+
     async fn step(&self, step: &str, state: serde_json::Value, ctx: StepContext) -> StepResult {
         let Some(s) = self.steps.get(step).or(self.fallback.as_ref()) else {
             return Ok(Transition::error(format!(

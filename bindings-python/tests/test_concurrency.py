@@ -6,6 +6,8 @@ import asyncio
 import threading
 import time
 
+import pytest
+
 import gendurable
 from conftest import Intervals
 from gendurable import Done, Next
@@ -114,3 +116,38 @@ def test_rate_limit_keys_reach_the_steps(make_engine):
     assert done.wait(30)
     # A rate-limit key applies to one step: the one it was given for.
     assert seen == {"start": "openai:tenant1", "call": "openai:tenant7", "after": None}
+
+
+def test_declared_rate_limits_per_step(make_engine):
+    engine = make_engine(rate_limits={"openai": {"limit": 1000, "period": 1}})
+    seen = {}
+    done = threading.Event()
+
+    @engine.workflow("Summarise", rate_limits={"start": "openai:in", "model": "openai:shared"})
+    class Summarise:
+        def start(self, state, ctx):
+            seen["start"] = ctx.rate_limit
+            return Next("model", state)
+
+        async def model(self, state, ctx):
+            seen["model"] = ctx.rate_limit
+            return Next("store", state)
+
+        def store(self, state, ctx):
+            seen["store"] = ctx.rate_limit
+            done.set()
+            return Done(state)
+
+    id_ = engine.insert(Summarise, {})
+    assert engine.get(id_).rate_limit == "openai:in"
+    engine.start()
+    assert done.wait(30)
+    assert seen == {"start": "openai:in", "model": "openai:shared", "store": None}
+
+
+def test_declared_rate_limits_are_checked(make_engine):
+    engine = make_engine()
+    with pytest.raises(gendurable.InvalidInput):
+        gendurable.workflow("X", rate_limits={"start": ":bad"})
+    with pytest.raises(gendurable.InvalidConfig):
+        engine.workflow("X", rate_limits=["start"])

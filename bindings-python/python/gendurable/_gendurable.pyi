@@ -59,7 +59,7 @@ class Core:
     ) -> Awaitable[tuple[str, Optional[str]]]: ...
     def start(
         self,
-        workflows: list[tuple[str, dict[str, _Step], Optional[_Step]]],
+        workflows: list[tuple[str, dict[str, _Step], Optional[_Step], dict[str, str]]],
         invoke: Callable[..., tuple],
         invoke_async: Callable[..., Any],
         event_loop: asyncio.AbstractEventLoop,

@@ -26,7 +26,12 @@ _UNSET: Any = object()
 _U32 = 2**32 - 1
 
 
-def workflow(name: str, *, step: Optional[str] = None) -> Callable[[T], T]:
+def workflow(
+    name: str,
+    *,
+    step: Optional[str] = None,
+    rate_limits: Optional[Mapping[str, str]] = None,
+) -> Callable[[T], T]:
     """Mark a class or a function as the workflow ``name``, to be registered
     with ``Engine(workflows=[...])`` or ``engine.register(...)``.
 
@@ -39,14 +44,19 @@ def workflow(name: str, *, step: Optional[str] = None) -> Callable[[T], T]:
 
     Methods and functions may be ``def`` (run on a worker thread) or
     ``async def`` (run on the engine's event loop).
+
+    ``rate_limits`` declares a rate-limit key per step (``{"call_model":
+    "openai:shared"}``): applied whenever an instance moves to that step, or is
+    inserted at it, without an explicit ``rate_limit``.
     """
     _gendurable.check_name("workflow", _str("workflow", name))
     if step is not None:
         _gendurable.check_name("step", _str("step", step))
+    declared = _declared_rate_limits(rate_limits)
 
     def mark(target: T) -> T:
         marks = list(getattr(target, _MARK, ()))
-        marks.append((name, step))
+        marks.append((name, step, declared))
         try:
             setattr(target, _MARK, tuple(marks))
         except (AttributeError, TypeError) as exc:
@@ -56,6 +66,19 @@ def workflow(name: str, *, step: Optional[str] = None) -> Callable[[T], T]:
         return target
 
     return mark
+
+
+def _declared_rate_limits(rate_limits: Optional[Mapping[str, str]]) -> dict[str, str]:
+    if rate_limits is None:
+        return {}
+    if not isinstance(rate_limits, Mapping):
+        raise InvalidConfig(f"rate_limits must be a dict of step -> key, got {rate_limits!r}")
+    out = {}
+    for step, key in rate_limits.items():
+        _gendurable.check_name("step", _str("step", step))
+        _gendurable.check_key("rate_limit", _str("rate_limit", key))
+        out[step] = key
+    return out
 
 
 def _str(field: str, v: Any) -> str:
@@ -75,6 +98,15 @@ class _Workflow:
         self.name = name
         self.steps: dict[str, tuple[Callable[..., Any], bool, bool]] = {}
         self.fallback: Optional[tuple[Callable[..., Any], bool, bool]] = None
+        self.rate_limits: dict[str, str] = {}
+
+    def add_rate_limits(self, declared: Mapping[str, str]) -> None:
+        for step, key in declared.items():
+            if self.rate_limits.get(step, key) != key:
+                raise InvalidConfig(
+                    f"workflow {self.name!r}: step {step!r} declares two rate limits"
+                )
+            self.rate_limits[step] = key
 
     def add_step(self, step: str, fn: Callable[..., Any], takes_step: bool = False) -> None:
         if step in self.steps:
@@ -492,12 +524,19 @@ class Engine:
 
     # --- workflows ----------------------------------------------------------------------
 
-    def workflow(self, name: str, *, step: Optional[str] = None) -> Callable[[T], T]:
+    def workflow(
+        self,
+        name: str,
+        *,
+        step: Optional[str] = None,
+        rate_limits: Optional[Mapping[str, str]] = None,
+    ) -> Callable[[T], T]:
         """Like :func:`gendurable.workflow`, and registers the target with this engine."""
-        mark = workflow(name, step=step)
+        mark = workflow(name, step=step, rate_limits=rate_limits)
+        declared = _declared_rate_limits(rate_limits)
 
         def decorate(target: T) -> T:
-            self._add(name, step, target)
+            self._add(name, step, target, declared)
             return mark(target)
 
         return decorate
@@ -510,10 +549,12 @@ class Engine:
                 raise InvalidConfig(
                     f"{target!r} is not a workflow: decorate it with @gendurable.workflow(name)"
                 )
-            for name, step in marks:
-                self._add(name, step, target)
+            for name, step, declared in marks:
+                self._add(name, step, target, declared)
 
-    def _add(self, name: str, step: Optional[str], target: Any) -> None:
+    def _add(
+        self, name: str, step: Optional[str], target: Any, declared: Mapping[str, str]
+    ) -> None:
         if self._core.running:
             raise InvalidConfig("register workflows before the worker starts")
         w = self._workflows.get(name) or _Workflow(name)
@@ -528,6 +569,7 @@ class Engine:
                 w.add_step(step, target)
         else:
             raise InvalidConfig(f"workflow {name!r}: {target!r} is not a class or a function")
+        w.add_rate_limits(declared)
         self._workflows[name] = w
 
     @property
@@ -580,24 +622,36 @@ class Engine:
             max_attempts=max_attempts,
         )
         _check_fork()
-        return self._core.insert_many([new._t])[0]
+        return self._core.insert_many(self._declared([new._t]))[0]
 
     async def insert_async(
         self, workflow: Union[str, Any], state: Optional[Mapping[str, Any]] = None, **options: Any
     ) -> int:
         """:meth:`insert` for asyncio."""
         new = NewInstance(workflow, state, **options)
-        ids = await self._core.insert_many_async([new._t])
+        ids = await self._core.insert_many_async(self._declared([new._t]))
         return ids[0]
 
     def insert_many(self, instances: Iterable[NewInstance]) -> list[int]:
         """Insert many instances in one round trip; all or none. Returns their ids in order."""
         _check_fork()
-        return self._core.insert_many(_news(instances))
+        return self._core.insert_many(self._declared(_news(instances)))
 
     async def insert_many_async(self, instances: Iterable[NewInstance]) -> list[int]:
         """:meth:`insert_many` for asyncio."""
-        return await self._core.insert_many_async(_news(instances))
+        return await self._core.insert_many_async(self._declared(_news(instances)))
+
+    def _declared(self, news: list[tuple]) -> list[tuple]:
+        """Apply the rate limits the registered workflows declare for their steps."""
+        if not any(w.rate_limits for w in self._workflows.values()):
+            return news
+        out = []
+        for t in news:
+            w = self._workflows.get(t[0])
+            if t[6] is None and w is not None and t[2] in w.rate_limits:
+                t = (*t[:6], w.rate_limits[t[2]], *t[7:])
+            out.append(t)
+        return out
 
     def get(self, id: int) -> Instance:
         """Read an instance back; raises :class:`gendurable.NotFound`."""
@@ -665,7 +719,9 @@ class Engine:
                 )
             self._stop.clear()
             self._loop = _LoopThread()
-            tables = [(w.name, w.steps, w.fallback) for w in self._workflows.values()]
+            tables = [
+                (w.name, w.steps, w.fallback, w.rate_limits) for w in self._workflows.values()
+            ]
             try:
                 self._core.start(tables, _runner.invoke, _runner.invoke_async, self._loop.loop)
             except BaseException:
