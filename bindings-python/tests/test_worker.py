@@ -189,3 +189,50 @@ def test_use_after_fork_is_a_clear_error(make_engine):
         os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_the_gil_is_released_while_rust_waits(make_engine):
+    """While the main thread waits in the native shutdown for a running step,
+    Python threads run: another thread sees the main thread inside the call
+    and releases the step, which then needs the GIL to return."""
+    import threading
+
+    engine = make_engine(shutdown_timeout=60)
+    started, release = threading.Event(), threading.Event()
+    released_by_helper = []
+
+    @engine.workflow("Held")
+    def held(step, state, ctx):
+        started.set()
+        released_by_helper.append(release.wait(30))
+        return gendurable.Done(state)
+
+    main = threading.main_thread().ident
+
+    def helper():
+        # Wait until the main thread is inside the native shutdown call.
+        import inspect
+
+        lines, first = inspect.getsourcelines(gendurable.Engine.shutdown)
+        native_call = first + next(i for i, line in enumerate(lines) if "_core.shutdown()" in line)
+
+        def in_shutdown():
+            frame = sys._current_frames().get(main)
+            return (
+                frame is not None
+                and frame.f_code is gendurable.Engine.shutdown.__code__
+                and frame.f_lineno == native_call
+            )
+
+        wait_until(in_shutdown, "the main thread to enter shutdown")
+        release.set()
+
+    id_ = engine.insert("Held", {})
+    engine.start()
+    assert started.wait(30)
+    t = threading.Thread(target=helper)
+    t.start()
+    engine.shutdown()
+    t.join()
+    assert released_by_helper == [True]
+    assert engine.get(id_).status == "completed"
