@@ -84,19 +84,9 @@ pub(crate) struct Core {
     worker: Mutex<Option<Engine>>,
 }
 
-/// Migrate once per `Core`. The core's migration future is not provably
-/// `Send`, so it runs on a blocking thread of its own.
+/// Migrate once per `Core`.
 async fn ensure_migrated(engine: &Engine, cell: &OnceCell<()>) -> gendurable::Result<()> {
-    cell.get_or_try_init(|| {
-        let engine = engine.clone();
-        async move {
-            tokio::task::spawn_blocking(move || crate::runtime().block_on(engine.migrate()))
-                .await
-                .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
-        }
-    })
-    .await
-    .map(|_| ())
+    cell.get_or_try_init(|| engine.migrate()).await.map(|_| ())
 }
 
 /// One instance to insert, as passed by the Python layer:

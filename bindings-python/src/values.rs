@@ -7,7 +7,7 @@ use serde_json::Value;
 use std::time::Duration;
 
 /// Deepest nesting accepted in a state or payload.
-const MAX_DEPTH: usize = 256;
+const MAX_DEPTH: usize = gendurable::validate::MAX_DEPTH;
 
 /// A Python object made of dict (str keys), list, tuple, str, int, float
 /// (finite), bool and None, as JSON. Anything else is refused rather than

@@ -173,3 +173,14 @@ def test_unreachable_database_is_a_database_error(schema):
     with pytest.raises(gendurable.DatabaseError) as exc:
         e.insert("W", {})
     assert exc.value.transient
+
+
+def test_too_deep_state(engine):
+    deep: dict = {}
+    cur = deep
+    for _ in range(150):
+        cur["d"] = {}
+        cur = cur["d"]
+    with pytest.raises(InvalidInput) as exc:
+        engine.insert("W", deep)
+    assert exc.value.field == "state" and "nested" in str(exc.value)
