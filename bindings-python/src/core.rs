@@ -89,6 +89,15 @@ async fn ensure_migrated(engine: &Engine, cell: &OnceCell<()>) -> gendurable::Re
     cell.get_or_try_init(|| engine.migrate()).await.map(|_| ())
 }
 
+/// A workflow as the Python layer registers it: `(name, {step: step fn},
+/// catch-all step fn, {step: declared rate-limit key})`.
+type WorkflowTable = (
+    String,
+    HashMap<String, PyStep>,
+    Option<PyStep>,
+    HashMap<String, String>,
+);
+
 /// One instance to insert, as passed by the Python layer:
 /// `(workflow, state, step, queue, priority, concurrency_key, rate_limit,
 ///   schedule_in, scheduled_at, max_attempts)`.
@@ -438,12 +447,7 @@ impl Core {
     fn start(
         &self,
         py: Python<'_>,
-        workflows: Vec<(
-            String,
-            HashMap<String, PyStep>,
-            Option<PyStep>,
-            HashMap<String, String>,
-        )>,
+        workflows: Vec<WorkflowTable>,
         invoke: Py<PyAny>,
         invoke_async: Py<PyAny>,
         event_loop: Py<PyAny>,
