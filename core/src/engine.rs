@@ -52,6 +52,7 @@ pub struct EngineBuilder {
     duplicate: Option<String>,
     migrate: bool,
     max_connections: Option<u32>,
+    connect_timeout: Duration,
 }
 
 impl Engine {
@@ -65,6 +66,7 @@ impl Engine {
             duplicate: None,
             migrate: true,
             max_connections: None,
+            connect_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -86,6 +88,13 @@ impl EngineBuilder {
     /// queue slot, at least 10).
     pub fn max_connections(mut self, n: u32) -> Self {
         self.max_connections = Some(n);
+        self
+    }
+
+    /// How long a call waits for a database connection before failing
+    /// (default 10 s; a pool passed with [`EngineBuilder::pool`] keeps its own).
+    pub fn connect_timeout(mut self, d: Duration) -> Self {
+        self.connect_timeout = d;
         self
     }
 
@@ -213,27 +222,42 @@ impl EngineBuilder {
         self
     }
 
-    /// Validate, connect and migrate. The node starts with [`Engine::start`].
-    pub async fn build(self) -> Result<Engine> {
-        if let Some(d) = self.duplicate {
+    /// Check the configuration without connecting: what [`EngineBuilder::build`]
+    /// checks first.
+    pub fn validate(&self) -> Result<()> {
+        if let Some(d) = &self.duplicate {
             return Err(Error::config(format!("{d} is configured twice")));
         }
         self.cfg.validate()?;
         for name in self.workflows.keys() {
             validate::name("workflow", name).map_err(|e| Error::config(e.to_string()))?;
         }
-        let mut workflows = self.workflows;
-        for (name, steps) in self.step_rates {
-            let Some(inner) = workflows.remove(&name) else {
+        for (name, steps) in &self.step_rates {
+            if !self.workflows.contains_key(name) {
                 return Err(Error::config(format!(
                     "step_rate_limit: no workflow named {name:?} is registered"
                 )));
-            };
-            for (step, key) in &steps {
+            }
+            for (step, key) in steps {
                 check_rate_key(&self.cfg, key).map_err(|e| {
                     Error::config(format!("step_rate_limit {name:?}/{step:?}: {e}"))
                 })?;
             }
+        }
+        if self.connect.is_none() {
+            return Err(Error::config(
+                "no database: give the builder a url or a pool",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Validate, connect and migrate. The node starts with [`Engine::start`].
+    pub async fn build(self) -> Result<Engine> {
+        self.validate()?;
+        let mut workflows = self.workflows;
+        for (name, steps) in self.step_rates {
+            let inner = workflows.remove(&name).expect("validated");
             workflows.insert(name, Arc::new(WithStepRates { inner, steps }));
         }
         let pool = match self.connect {
@@ -242,15 +266,11 @@ impl EngineBuilder {
                 let slots: u32 = self.cfg.queues.values().sum();
                 PgPoolOptions::new()
                     .max_connections(self.max_connections.unwrap_or((slots * 2).max(10)))
-                    .acquire_timeout(Duration::from_secs(10))
+                    .acquire_timeout(self.connect_timeout)
                     .connect_lazy(&url)
                     .map_err(|e| Error::config(format!("database url: {e}")))?
             }
-            None => {
-                return Err(Error::config(
-                    "no database: give the builder a url or a pool",
-                ))
-            }
+            None => unreachable!("validated"),
         };
         if self.migrate {
             db::migrate(&pool, &self.cfg.schema).await?;

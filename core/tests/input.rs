@@ -356,3 +356,31 @@ async fn rate_limits_declared_per_step() {
         }
     }
 }
+
+#[tokio::test]
+async fn validate_without_connecting_and_unreachable_databases() {
+    // Nothing listens on this port: validate() never connects.
+    let nowhere = "postgres://postgres@127.0.0.1:1/none";
+    assert!(Engine::builder()
+        .url(nowhere)
+        .queue("default", 3)
+        .validate()
+        .is_ok());
+    let err = Engine::builder()
+        .url(nowhere)
+        .queue("default", 0)
+        .validate()
+        .unwrap_err();
+    assert!(matches!(err, Error::InvalidConfig(_)), "{err:?}");
+    // A call on an unreachable database is a database error, worth retrying.
+    let engine = Engine::builder()
+        .url(nowhere)
+        .connect_timeout(Duration::from_millis(300))
+        .migrate(false)
+        .build()
+        .await
+        .unwrap();
+    let err = engine.get(1).await.unwrap_err();
+    assert!(matches!(err, Error::Database(_)), "{err:?}");
+    assert!(err.is_transient(), "{err:?}");
+}
