@@ -38,6 +38,23 @@ fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
     }
 }
 
+/// A wake-up takes microseconds. Were one lost, a waiter would still get its
+/// permit, but only from the last look it takes when its budget runs out:
+/// so anything slower than half the budget means a lost wake-up.
+async fn woken<T>(fut: impl Future<Output = T>) -> T {
+    tokio::time::timeout(PATIENCE / 2, fut)
+        .await
+        .expect("the waiter was not woken; only its budget running out would have freed it")
+}
+
+/// [`woken`] for a blocking waiter, run on its own thread.
+fn woken_blocking<T: Send + 'static>(waiter: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || tx.send(waiter()).unwrap());
+    rx.recv_timeout(PATIENCE / 2)
+        .expect("the waiter was not woken; only its budget running out would have freed it")
+}
+
 async fn eventually_async(what: &str, mut cond: impl FnMut() -> bool) {
     let give_up = Instant::now() + Duration::from_secs(20);
     while !cond() {
@@ -164,7 +181,7 @@ async fn a_waiter_gets_a_slot_released_within_its_budget() {
     eventually_async("the waiter registers", || b.waiting() == 1).await;
     assert_eq!(b.in_flight(), 1, "a waiter holds no slot");
     drop(held);
-    let permit = waiter
+    let permit = woken(waiter)
         .await
         .unwrap()
         .expect("released slot handed to the waiter");
@@ -194,15 +211,16 @@ async fn a_waiter_gives_up_with_saturated_when_nothing_is_released() {
 fn a_blocking_waiter_gets_a_slot_released_within_its_budget() {
     let b = waiting(1, PATIENCE);
     let held = b.try_acquire_owned().unwrap();
-    let waiter = std::thread::spawn({
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn({
         let b = b.clone();
-        move || b.acquire_blocking_owned()
+        move || tx.send(b.acquire_blocking_owned()).unwrap()
     });
     eventually("the waiter registers", || b.waiting() == 1);
     drop(held);
-    let permit = waiter
-        .join()
-        .unwrap()
+    let permit = rx
+        .recv_timeout(PATIENCE / 2)
+        .expect("the waiter was not woken")
         .expect("released slot handed to the waiter");
     assert!(permit.is_current());
     assert_eq!(b.in_flight(), 1);
@@ -222,22 +240,24 @@ fn a_blocking_waiter_gives_up_with_saturated_when_nothing_is_released() {
 fn each_release_wakes_a_blocking_waiter() {
     let b = waiting(2, PATIENCE);
     let held: Vec<_> = (0..2).map(|_| b.try_acquire_owned().unwrap()).collect();
-    let waiters: Vec<_> = (0..4)
-        .map(|_| {
-            let b = b.clone();
-            std::thread::spawn(move || {
-                let p = b.acquire_blocking_owned().unwrap();
-                std::thread::sleep(Duration::from_millis(1));
-                drop(p);
-            })
-        })
-        .collect();
+    let (tx, rx) = std::sync::mpsc::channel();
+    for _ in 0..4 {
+        let (b, tx) = (b.clone(), tx.clone());
+        std::thread::spawn(move || {
+            let p = b.acquire_blocking_owned();
+            std::thread::sleep(Duration::from_millis(1));
+            tx.send(p.is_ok()).unwrap();
+        });
+    }
     eventually("all four wait", || b.waiting() == 4);
     drop(held);
-    for w in waiters {
-        w.join().unwrap();
+    for _ in 0..4 {
+        let got = rx
+            .recv_timeout(PATIENCE / 2)
+            .expect("a waiter was not woken");
+        assert!(got);
     }
-    assert_eq!(b.in_flight(), 0);
+    eventually("all released", || b.in_flight() == 0);
 }
 
 #[tokio::test]
@@ -278,11 +298,11 @@ async fn a_wakeup_for_a_cancelled_waiter_passes_to_the_next() {
             Ok(Ok(p)) => {
                 assert_eq!(b.in_flight(), 1);
                 drop(p);
-                assert!(second.await.unwrap().is_ok());
+                assert!(woken(second).await.unwrap().is_ok());
             }
             Ok(Err(Saturated)) => panic!("the first waiter was never woken"),
             // Cancelled: the release must reach the second waiter anyway.
-            Err(_) => assert!(second.await.unwrap().is_ok()),
+            Err(_) => assert!(woken(second).await.unwrap().is_ok()),
         }
         assert_eq!(b.in_flight(), 0);
         assert_eq!(b.waiting(), 0);
@@ -418,8 +438,7 @@ async fn a_waiter_wakes_for_a_reclaim_without_any_release() {
     .unwrap();
     // A holder that will never release.
     std::mem::forget(b.try_acquire().unwrap());
-    let p = b
-        .acquire()
+    let p = woken(b.acquire())
         .await
         .expect("reclaimed once the deadline passed");
     assert!(p.is_current());
@@ -428,14 +447,18 @@ async fn a_waiter_wakes_for_a_reclaim_without_any_release() {
 
 #[test]
 fn a_blocking_waiter_wakes_for_a_reclaim_without_any_release() {
-    let b = Bulkhead::new(
-        BulkheadConfig::new(1, Duration::from_millis(50)).with_wait(Wait::Bounded(PATIENCE)),
-    )
-    .unwrap();
+    let b = Arc::new(
+        Bulkhead::new(
+            BulkheadConfig::new(1, Duration::from_millis(50)).with_wait(Wait::Bounded(PATIENCE)),
+        )
+        .unwrap(),
+    );
     std::mem::forget(b.try_acquire().unwrap());
-    let p = b
-        .acquire_blocking()
-        .expect("reclaimed once the deadline passed");
+    let p = woken_blocking({
+        let b = b.clone();
+        move || b.acquire_blocking_owned()
+    })
+    .expect("reclaimed once the deadline passed");
     assert!(p.is_current());
 }
 
@@ -480,13 +503,16 @@ fn reset_then_acquire_in_the_same_tick_keeps_the_new_holder() {
 fn reset_wakes_waiters() {
     let b = waiting(1, PATIENCE);
     let _held = b.try_acquire_owned().unwrap();
-    let waiter = std::thread::spawn({
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn({
         let b = b.clone();
-        move || b.acquire_blocking_owned().is_ok()
+        move || tx.send(b.acquire_blocking_owned().is_ok()).unwrap()
     });
     eventually("the waiter registers", || b.waiting() == 1);
     b.reset();
-    assert!(waiter.join().unwrap());
+    assert!(rx
+        .recv_timeout(PATIENCE / 2)
+        .expect("the waiter was not woken"));
 }
 
 // ---------------------------------------------------------------- counting
