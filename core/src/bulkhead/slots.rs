@@ -228,7 +228,7 @@ impl Slots {
     }
 
     /// `word` is full: try the counted slots, then reclaim.
-    #[inline(never)]
+    #[inline]
     fn try_claim_extra(&self, now: u64) -> Option<Claim> {
         let extra = &self.header.extra;
         let mut e = extra.load(Relaxed);
@@ -247,6 +247,7 @@ impl Slots {
 
     /// Finds and claims a released slot past `in_word`, for a reservation
     /// already counted in `extra`.
+    #[inline(never)]
     fn claim_extra_slot(&self, now: u64) -> Claim {
         let deadline = now + self.reclaim_ticks;
         let (first, len) = (self.in_word, self.slots.len());
@@ -283,12 +284,17 @@ impl Slots {
     }
 
     /// The full-bulkhead path: O(1) unless the earliest deadline has passed.
-    #[cold]
-    #[inline(never)]
+    #[inline]
     fn try_reclaim(&self, now: u64) -> Option<Claim> {
         if now < self.header.earliest.load(Acquire) {
             return None;
         }
+        self.try_scan(now)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn try_scan(&self, now: u64) -> Option<Claim> {
         // One scanner at a time: the others would find the same slots.
         if self.header.scanning.swap(true, Acquire) {
             return None;
