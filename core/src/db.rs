@@ -64,6 +64,12 @@ impl Sql {
     }
 }
 
+/// Settings for the engine's own connections (and, with `SET LOCAL`, for the
+/// outcome-and-claim transaction on any pool): PostgreSQL otherwise replans
+/// the pick for every call, because its generic plan looks dearer on paper.
+pub(crate) const SESSION_SETTINGS: &str = "SET plan_cache_mode = force_generic_plan";
+pub(crate) const TRANSACTION_SETTINGS: &str = "SET LOCAL plan_cache_mode = force_generic_plan";
+
 /// The columns of [`crate::Instance`], in the order `instance_from_row` reads them.
 pub(crate) const INSTANCE_COLUMNS: &str = "id, workflow, step, state, queue, priority, status, \
     concurrency_key, rate_key, attempt, max_attempts, node, cancel_requested, await_signal, \

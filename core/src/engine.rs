@@ -13,7 +13,7 @@ use crate::workflow::{FnWorkflow, StepContext, StepResult, WithStepRates, Workfl
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 use sqlx::postgres::{PgPoolOptions, PgRow};
-use sqlx::{PgPool, Postgres, Row};
+use sqlx::{Executor, PgPool, Postgres, Row};
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
@@ -267,6 +267,12 @@ impl EngineBuilder {
                 PgPoolOptions::new()
                     .max_connections(self.max_connections.unwrap_or((slots * 2).max(10)))
                     .acquire_timeout(self.connect_timeout)
+                    .after_connect(|conn, _| {
+                        Box::pin(async move {
+                            conn.execute(db::SESSION_SETTINGS).await?;
+                            Ok(())
+                        })
+                    })
                     .connect_lazy(&url)
                     .map_err(|e| Error::config(format!("database url: {e}")))?
             }
@@ -297,7 +303,10 @@ impl EngineBuilder {
 }
 
 impl Engine {
-    /// The pool the engine uses.
+    /// The pool the engine uses. A pool the engine opened itself plans prepared
+    /// statements generically (`plan_cache_mode = force_generic_plan`): the
+    /// pick's plan does not depend on its parameters, and replanning it on
+    /// every call would cost more than running it.
     pub fn pool(&self) -> &PgPool {
         &self.inner.pool
     }
