@@ -153,20 +153,16 @@ fn late_release_races_reclaim() {
             late.join().unwrap();
             let new: Option<OwnedPermit> = taker.join().unwrap();
 
-            match new {
-                // Reclaimed before the late release, or taken after it:
-                // either way the new holder owns the slot, and the late
-                // release did not free it.
-                Some(new) => {
-                    assert!(new.is_current());
-                    assert_eq!(b.in_flight(), 1);
-                    assert!(b.try_acquire().is_err());
-                    drop(new);
-                }
-                // Refused while the late release was half done (slot freed,
-                // capacity not yet returned): the release completes and
-                // nothing is left behind.
-                None => {}
+            // Reclaimed before the late release, or taken after it: either
+            // way the new holder owns the slot, and the late release did not
+            // free it. (The taker may also have been refused while the late
+            // release was half done, slot freed but capacity not yet
+            // returned; the release then completes and leaves nothing behind.)
+            if let Some(new) = new {
+                assert!(new.is_current());
+                assert_eq!(b.in_flight(), 1);
+                assert!(b.try_acquire().is_err());
+                drop(new);
             }
             assert_eq!(b.in_flight(), 0);
             assert!(b.try_acquire().is_ok());
