@@ -197,6 +197,30 @@ fn controlled(b: gendurable::EngineBuilder, g: Arc<Gates>) -> gendurable::Engine
     })
 }
 
+/// Insert a `Ctl` instance with `plan` under concurrency key `key`.
+async fn ctl(engine: &Engine, plan: serde_json::Value, key: &str) -> i64 {
+    engine
+        .insert(NewInstance::new("Ctl", plan).concurrency_key(key))
+        .await
+        .unwrap()
+}
+
+type Started = tokio::sync::mpsc::UnboundedReceiver<(i64, String, Option<String>)>;
+
+/// The next step that starts: (instance, step, key held).
+async fn next_start(rx: &mut Started) -> (i64, String, Option<String>) {
+    tokio::time::timeout(Duration::from_secs(30), rx.recv())
+        .await
+        .expect("a step started")
+        .unwrap()
+}
+
+/// The next step to start is `step` of instance `id`, holding `key`.
+async fn expect_start(rx: &mut Started, id: i64, step: &str, key: Option<&str>) {
+    let got = next_start(rx).await;
+    assert_eq!(got, (id, step.to_owned(), key.map(str::to_owned)));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn release_switch_await_and_prefix_capture() {
     let url = support::url();
@@ -216,69 +240,26 @@ async fn release_switch_await_and_prefix_capture() {
     .start()
     .await
     .unwrap();
-    async fn started(
-        rx: &mut tokio::sync::mpsc::UnboundedReceiver<(i64, String, Option<String>)>,
-    ) -> (i64, String, Option<String>) {
-        tokio::time::timeout(Duration::from_secs(30), rx.recv())
-            .await
-            .expect("a step started")
-            .unwrap()
-    }
-
     // Release: A releases acct:9 and keeps running; B (acct:9) starts meanwhile.
-    let a = engine
-        .insert(
-            NewInstance::new(
-                "Ctl",
-                json!({"plan": {"start": {"do": "release", "to": "free"}, "free": {"wait": true}}}),
-            )
-            .concurrency_key("acct:9"),
-        )
-        .await
-        .unwrap();
-    assert_eq!(
-        started(&mut rx).await,
-        (a, "start".into(), Some("acct:9".into()))
-    );
-    assert_eq!(started(&mut rx).await, (a, "free".into(), None));
-    let b = engine
-        .insert(NewInstance::new("Ctl", json!({"plan": {}})).concurrency_key("acct:9"))
-        .await
-        .unwrap();
-    assert_eq!(
-        started(&mut rx).await,
-        (b, "start".into(), Some("acct:9".into())),
-        "the released key admits B"
-    );
+    let a = ctl(
+        &engine,
+        json!({"plan": {"start": {"do": "release", "to": "free"}, "free": {"wait": true}}}),
+        "acct:9",
+    )
+    .await;
+    expect_start(&mut rx, a, "start", Some("acct:9")).await;
+    expect_start(&mut rx, a, "free", None).await;
+    let b = ctl(&engine, json!({"plan": {}}), "acct:9").await;
+    expect_start(&mut rx, b, "start", Some("acct:9")).await;
     g.release.notify_one();
 
     // Switch: A moves from acct:1 to acct:2 and holds acct:2 while waiting.
-    let a = engine
-        .insert(NewInstance::new("Ctl", json!({"plan": {"start": {"do": "switch", "to": "two", "key": "acct:2"}, "two": {"wait": true}}}))
-            .concurrency_key("acct:1"))
-        .await
-        .unwrap();
-    assert_eq!(
-        started(&mut rx).await,
-        (a, "start".into(), Some("acct:1".into()))
-    );
-    assert_eq!(
-        started(&mut rx).await,
-        (a, "two".into(), Some("acct:2".into()))
-    );
-    let c = engine
-        .insert(NewInstance::new("Ctl", json!({"plan": {}})).concurrency_key("acct:2"))
-        .await
-        .unwrap();
-    let b = engine
-        .insert(NewInstance::new("Ctl", json!({"plan": {}})).concurrency_key("acct:1"))
-        .await
-        .unwrap();
-    assert_eq!(
-        started(&mut rx).await,
-        (b, "start".into(), Some("acct:1".into())),
-        "acct:1 is free after the switch"
-    );
+    let a = ctl(&engine, json!({"plan": {"start": {"do": "switch", "to": "two", "key": "acct:2"}, "two": {"wait": true}}}), "acct:1").await;
+    expect_start(&mut rx, a, "start", Some("acct:1")).await;
+    expect_start(&mut rx, a, "two", Some("acct:2")).await;
+    let c = ctl(&engine, json!({"plan": {}}), "acct:2").await;
+    let b = ctl(&engine, json!({"plan": {}}), "acct:1").await;
+    expect_start(&mut rx, b, "start", Some("acct:1")).await;
     // C must wait for A to leave acct:2: it is still available after B finished.
     support::wait_status(&engine, b, Status::Completed).await;
     assert_eq!(
@@ -287,39 +268,19 @@ async fn release_switch_await_and_prefix_capture() {
         "acct:2 is held by A"
     );
     g.release.notify_one();
-    assert_eq!(
-        started(&mut rx).await,
-        (c, "start".into(), Some("acct:2".into()))
-    );
+    expect_start(&mut rx, c, "start", Some("acct:2")).await;
 
     // An await releases the gate slot; the woken step re-admits through the gate.
-    let a = engine
-        .insert(
-            NewInstance::new(
-                "Ctl",
-                json!({"plan": {"start": {"do": "await", "to": "after"}}}),
-            )
-            .concurrency_key("api:1"),
-        )
-        .await
-        .unwrap();
-    assert_eq!(
-        started(&mut rx).await,
-        (a, "start".into(), Some("api:1".into()))
-    );
+    let a = ctl(
+        &engine,
+        json!({"plan": {"start": {"do": "await", "to": "after"}}}),
+        "api:1",
+    )
+    .await;
+    expect_start(&mut rx, a, "start", Some("api:1")).await;
     support::wait_status(&engine, a, Status::Awaiting).await;
-    let b = engine
-        .insert(
-            NewInstance::new("Ctl", json!({"plan": {"start": {"wait": true}}}))
-                .concurrency_key("api:1"),
-        )
-        .await
-        .unwrap();
-    assert_eq!(
-        started(&mut rx).await,
-        (b, "start".into(), Some("api:1".into())),
-        "the parked A holds no slot"
-    );
+    let b = ctl(&engine, json!({"plan": {"start": {"wait": true}}}), "api:1").await;
+    expect_start(&mut rx, b, "start", Some("api:1")).await;
     assert_eq!(engine.signal("go", json!(null)).await.unwrap(), 1);
     // The gate (limit 1) is taken by B: A's next step waits for it.
     let gates = engine.status().await.unwrap().gates;
@@ -328,30 +289,25 @@ async fn release_switch_await_and_prefix_capture() {
         ("api:1", 1, 1)
     );
     g.release.notify_one();
-    assert_eq!(
-        started(&mut rx).await,
-        (a, "after".into(), Some("api:1".into()))
-    );
+    expect_start(&mut rx, a, "after", Some("api:1")).await;
 
     // Prefix capture: `order` gates order:42 at 2, so two of them run at once.
     assert_eq!(engine.key_limit("order:42").k, 2);
     assert_eq!(engine.key_limit("order:42").gate.as_deref(), Some("order"));
     assert_eq!(engine.key_limit("orders:42").k, 1);
-    let o1 = engine
-        .insert(
-            NewInstance::new("Ctl", json!({"plan": {"start": {"wait": true}}}))
-                .concurrency_key("order:42"),
-        )
-        .await
-        .unwrap();
-    let o2 = engine
-        .insert(
-            NewInstance::new("Ctl", json!({"plan": {"start": {"wait": true}}}))
-                .concurrency_key("order:42"),
-        )
-        .await
-        .unwrap();
-    let mut both = vec![started(&mut rx).await.0, started(&mut rx).await.0];
+    let o1 = ctl(
+        &engine,
+        json!({"plan": {"start": {"wait": true}}}),
+        "order:42",
+    )
+    .await;
+    let o2 = ctl(
+        &engine,
+        json!({"plan": {"start": {"wait": true}}}),
+        "order:42",
+    )
+    .await;
+    let mut both = vec![next_start(&mut rx).await.0, next_start(&mut rx).await.0];
     both.sort();
     assert_eq!(both, vec![o1, o2], "order:42 admits two at once");
     g.release.notify_one();
