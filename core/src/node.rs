@@ -412,7 +412,13 @@ async fn write_and_claim(sh: &Arc<Shared>, batch: &[OutcomeRow]) -> Result<()> {
     let written = outcome_statement(inner, &mut *tx, batch).await?;
     let mut claims = Vec::new();
     if !sh.shutdown.is_cancelled() {
-        for (queue, slots) in &sh.slots {
+        // The queues these outcomes freed slots in; other queues' pickers are
+        // woken below if a released key may have unblocked their rows.
+        for (queue, slots) in sh
+            .slots
+            .iter()
+            .filter(|(q, _)| batch.iter().any(|o| &o.queue == *q))
+        {
             let free = slots.available_permits();
             if free == 0 {
                 continue;
@@ -426,6 +432,13 @@ async fn write_and_claim(sh: &Arc<Shared>, batch: &[OutcomeRow]) -> Result<()> {
     }
     tx.commit().await?;
     count_written(inner, batch.len(), written);
+    if batch.iter().any(|o| o.held) {
+        for (queue, wake) in &sh.wakes {
+            if !batch.iter().any(|o| &o.queue == queue) {
+                wake.notify_one();
+            }
+        }
+    }
     for (rows, mut permits) in claims {
         if sh.shutdown.is_cancelled() {
             hand_back(sh, rows);

@@ -53,6 +53,9 @@ pub(crate) struct OutcomeRow {
     pub max_attempts: i32,
     #[serde(skip)]
     pub step_name: String,
+    /// The claim's queue: the writer claims for that queue's freed slots.
+    #[serde(skip)]
+    pub queue: String,
 }
 
 impl OutcomeRow {
@@ -76,6 +79,7 @@ impl OutcomeRow {
             held: c.concurrency_key.is_some(),
             max_attempts: c.max_attempts,
             step_name: c.step.clone(),
+            queue: c.queue.clone(),
         }
     }
 

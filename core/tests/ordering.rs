@@ -125,3 +125,72 @@ async fn a_signal_wakes_every_waiter() {
     }
     engine.shutdown().await.unwrap();
 }
+
+/// A key released by a step of one queue wakes the node's picker of another
+/// queue holding a row of that key (no polling to fall back on here).
+#[tokio::test]
+async fn a_released_key_wakes_other_queues() {
+    let url = support::url();
+    let schema = support::schema("queues");
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let go = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
+    let g = go.clone();
+    let engine = support::builder(&url, &schema)
+        .poll_interval(Duration::from_secs(3600))
+        .queue("a", 2)
+        .queue("b", 2)
+        .workflow_fn("Hold", move |_s, state, ctx| {
+            let (tx, g) = (tx.clone(), g.clone());
+            async move {
+                tx.send(ctx.queue.clone()).unwrap();
+                if ctx.queue == "a" {
+                    g.acquire().await.unwrap().forget();
+                }
+                Ok(Transition::done(state))
+            }
+        })
+        .start()
+        .await
+        .unwrap();
+    engine
+        .insert(
+            NewInstance::new("Hold", json!({}))
+                .queue("a")
+                .concurrency_key("k:1"),
+        )
+        .await
+        .unwrap();
+    let first = tokio::time::timeout(Duration::from_secs(20), rx.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(first, "a");
+    let picks = engine.stats().snapshot().picks;
+    let b = engine
+        .insert(
+            NewInstance::new("Hold", json!({}))
+                .queue("b")
+                .concurrency_key("k:1"),
+        )
+        .await
+        .unwrap();
+    // Queue b's picker has looked (woken by the insert) and found k:1 busy.
+    let e = engine.clone();
+    support::eventually("queue b looked", Duration::from_secs(10), || {
+        let e = e.clone();
+        async move { e.stats().snapshot().picks > picks }
+    })
+    .await;
+    assert_eq!(engine.get(b).await.unwrap().status, Status::Available);
+    go.add_permits(1);
+    let second = tokio::time::timeout(Duration::from_secs(20), rx.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(second, "b");
+    assert_eq!(
+        support::wait_final(&engine, b).await.status,
+        Status::Completed
+    );
+    engine.shutdown().await.unwrap();
+}
