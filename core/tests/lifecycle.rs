@@ -97,12 +97,18 @@ async fn shutdown_timeout_records_stragglers_as_errors() {
 async fn finished_instances_are_pruned_after_the_retention() {
     let url = support::url();
     let schema = support::schema("prune");
+    // The node keeps everything; a second engine prunes with a 1 ms retention.
     let engine = support::builder(&url, &schema)
-        .retention(Some(Duration::from_millis(1)))
+        .retention(None)
         .queue("default", 2)
         .workflow_fn("Quick", |_s, state, _c| async move {
             Ok(Transition::done(state))
         })
+        .start()
+        .await
+        .unwrap();
+    let pruner = support::builder(&url, &schema)
+        .retention(Some(Duration::from_millis(1)))
         .build()
         .await
         .unwrap();
@@ -114,10 +120,9 @@ async fn finished_instances_are_pruned_after_the_retention() {
         .insert(NewInstance::new("Quick", json!({})).schedule_in(Duration::from_secs(3600)))
         .await
         .unwrap();
-    engine.start().await.unwrap();
     support::wait_status(&engine, done, Status::Completed).await;
     tokio::time::sleep(Duration::from_millis(5)).await; // older than the 1 ms retention
-    assert_eq!(engine.prune_now().await.unwrap(), 1);
+    assert_eq!(pruner.prune_now().await.unwrap(), 1);
     assert!(matches!(
         engine.get(done).await,
         Err(gendurable::Error::NotFound(_))
