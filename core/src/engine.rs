@@ -35,6 +35,9 @@ pub(crate) struct Inner {
     /// Whether other nodes were alive at the last heartbeat: outcomes that free
     /// keys or slots only notify when someone else may be waiting for them.
     pub others_alive: std::sync::atomic::AtomicBool,
+    /// Whether the engine opened the pool itself (its connections then carry
+    /// the session settings already).
+    pub owns_pool: bool,
     node: Mutex<Option<Node>>,
 }
 
@@ -260,6 +263,7 @@ impl EngineBuilder {
             let inner = workflows.remove(&name).expect("validated");
             workflows.insert(name, Arc::new(WithStepRates { inner, steps }));
         }
+        let owns_pool = matches!(self.connect, Some(Connect::Url(_)));
         let pool = match self.connect {
             Some(Connect::Pool(pool)) => pool,
             Some(Connect::Url(url)) => {
@@ -289,6 +293,7 @@ impl EngineBuilder {
                 workflows,
                 stats: Stats::default(),
                 others_alive: std::sync::atomic::AtomicBool::new(true),
+                owns_pool,
                 node: Mutex::new(None),
             }),
         })

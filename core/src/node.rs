@@ -408,7 +408,9 @@ async fn write_outcomes(
 async fn write_and_claim(sh: &Arc<Shared>, batch: &[OutcomeRow]) -> Result<()> {
     let inner = &sh.inner;
     let mut tx = inner.pool.begin().await?;
-    sqlx::Executor::execute(&mut *tx, crate::db::TRANSACTION_SETTINGS).await?;
+    if !inner.owns_pool {
+        sqlx::Executor::execute(&mut *tx, crate::db::TRANSACTION_SETTINGS).await?;
+    }
     let written = outcome_statement(inner, &mut *tx, batch).await?;
     let mut claims = Vec::new();
     if !sh.shutdown.is_cancelled() {
