@@ -4,6 +4,7 @@ mod bench;
 mod demo;
 mod echo;
 mod status;
+mod workload;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
@@ -53,6 +54,8 @@ enum Command {
     Demo(demo::Args),
     /// Measure inserts/s and steps/s on a throwaway Postgres.
     Bench(bench::Args),
+    /// One workload of the cross-system benchmark (`benchmarks/`); prints a JSON line.
+    Workload(workload::Args),
     /// Insert one instance and print its id.
     Insert {
         #[command(flatten)]
@@ -108,6 +111,7 @@ async fn main() -> Result<()> {
         Command::Status { db, keys, gates } => status::run(client(&db).await?, keys, gates).await?,
         Command::Demo(args) => demo::run(args).await?,
         Command::Bench(args) => bench::run(args).await?,
+        Command::Workload(args) => workload::run(args).await?,
         Command::Insert {
             db,
             workflow,

@@ -1,0 +1,317 @@
+//! `gendurable workload`: one workload of the cross-system benchmark
+//! (`benchmarks/`), on DATABASE_URL or a throwaway Postgres. Prints one JSON
+//! line on stdout; W2 and W3 also write `key,start_ns,end_ns` per job to
+//! `--record` for the harness to check overlap.
+
+use anyhow::{bail, Context, Result};
+use gendurable::{Engine, GateConfig, NewInstance, Transition};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::json;
+use std::collections::HashMap;
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// w1 (no-op), w2 (100 K = 1 keys, 5 ms), w3 (one gate of 10, 20 ms),
+    /// w4 (insert-to-start latency at 50/s) or raw (a plain SKIP LOCKED loop).
+    workload: String,
+    /// Steps at once (for raw: claim loops at once).
+    #[arg(long, default_value_t = 20)]
+    concurrency: u32,
+    /// Jobs; the workload's own default when omitted.
+    #[arg(long)]
+    jobs: Option<usize>,
+    /// Where W2 and W3 write `key,start_ns,end_ns` per job.
+    #[arg(long)]
+    record: Option<std::path::PathBuf>,
+    /// raw: rows claimed per statement.
+    #[arg(long, default_value_t = 100)]
+    batch: i64,
+}
+
+/// Start and end of each job, in wall-clock nanoseconds.
+type Records = Arc<Mutex<Vec<(String, u128, u128)>>>;
+
+pub async fn run(args: Args) -> Result<()> {
+    let (url, _pg) = crate::database(true).await?;
+    let c = args.concurrency;
+    let out = match args.workload.as_str() {
+        "w1" => w1(&url, c, args.jobs.unwrap_or(20_000)).await?,
+        "w2" => {
+            let n = args.jobs.unwrap_or(10_000);
+            let rec = Records::default();
+            let out = timed_run(
+                &url,
+                "w2",
+                c,
+                n,
+                None,
+                Duration::from_millis(5),
+                &rec,
+                |i| NewInstance::new("Job", json!({})).concurrency_key(("acct", i % 100)),
+            )
+            .await?;
+            write_records(&args.record, &rec)?;
+            out
+        }
+        "w3" => {
+            let n = args.jobs.unwrap_or(2_000);
+            let rec = Records::default();
+            let gate = Some(("api", GateConfig::new(10)));
+            let out = timed_run(
+                &url,
+                "w3",
+                c,
+                n,
+                gate,
+                Duration::from_millis(20),
+                &rec,
+                |_| NewInstance::new("Job", json!({})).concurrency_key("api:1"),
+            )
+            .await?;
+            write_records(&args.record, &rec)?;
+            out
+        }
+        "w4" => w4(&url, c, args.jobs.unwrap_or(500)).await?,
+        "raw" => raw(&url, c, args.jobs.unwrap_or(20_000), args.batch).await?,
+        other => bail!("unknown workload {other:?}: expected w1, w2, w3, w4 or raw"),
+    };
+    println!("{out}");
+    Ok(())
+}
+
+fn now_ns() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0)
+}
+
+fn schema() -> String {
+    format!("workload_{:08x}", rand::random::<u32>())
+}
+
+fn bar(what: &str, n: usize) -> Result<ProgressBar> {
+    let bar = ProgressBar::new(n as u64);
+    bar.set_style(ProgressStyle::with_template(&format!(
+        "{what:<8} {{bar:30}} {{pos}}/{{len}} {{per_sec}}"
+    ))?);
+    Ok(bar)
+}
+
+/// An engine whose one workflow sleeps `pause` and records its start and end.
+async fn engine(
+    url: &str,
+    concurrency: u32,
+    gate: Option<(&str, GateConfig)>,
+    pause: Duration,
+    rec: &Records,
+) -> Result<Engine> {
+    let rec = rec.clone();
+    let mut b = Engine::builder()
+        .url(url)
+        .schema(schema())
+        .queue("default", concurrency)
+        .workflow_fn("Job", move |_step, state, ctx| {
+            let rec = rec.clone();
+            async move {
+                let start = now_ns();
+                if !pause.is_zero() {
+                    tokio::time::sleep(pause).await;
+                }
+                let key = ctx.concurrency_key.unwrap_or_default();
+                rec.lock().unwrap().push((key, start, now_ns()));
+                Ok(Transition::done(state))
+            }
+        });
+    if let Some((name, g)) = gate {
+        b = b.concurrency_limit(name, g);
+    }
+    Ok(b.build().await?)
+}
+
+/// Start the node and wait until `n` outcomes are written.
+async fn drain(engine: &Engine, what: &str, n: usize) -> Result<Duration> {
+    let bar = bar(what, n)?;
+    let t = Instant::now();
+    engine.start().await?;
+    loop {
+        let done = engine.stats().snapshot().outcomes;
+        bar.set_position(done);
+        if done >= n as u64 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let elapsed = t.elapsed();
+    bar.finish_and_clear();
+    engine.shutdown().await?;
+    Ok(elapsed)
+}
+
+fn result(workload: &str, n: usize, secs: f64, extra: serde_json::Value) -> serde_json::Value {
+    let mut v = json!({
+        "system": "gendurable",
+        "workload": workload,
+        "jobs": n,
+        "seconds": secs,
+        "jobs_per_s": n as f64 / secs,
+    });
+    if let (Some(o), Some(e)) = (v.as_object_mut(), extra.as_object()) {
+        o.extend(e.clone());
+    }
+    v
+}
+
+async fn w1(url: &str, c: u32, n: usize) -> Result<serde_json::Value> {
+    let engine = engine(url, c, None, Duration::ZERO, &Records::default()).await?;
+    let t = Instant::now();
+    engine
+        .insert_many((0..n).map(|_| NewInstance::new("Job", json!({}))).collect())
+        .await?;
+    let insert = t.elapsed().as_secs_f64();
+    let secs = drain(&engine, "w1", n).await?.as_secs_f64();
+    Ok(result(
+        "w1",
+        n,
+        secs,
+        json!({ "insert_per_s": n as f64 / insert }),
+    ))
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn timed_run(
+    url: &str,
+    what: &str,
+    c: u32,
+    n: usize,
+    gate: Option<(&str, GateConfig)>,
+    pause: Duration,
+    rec: &Records,
+    make: impl Fn(usize) -> NewInstance,
+) -> Result<serde_json::Value> {
+    let engine = engine(url, c, gate, pause, rec).await?;
+    engine.insert_many((0..n).map(make).collect()).await?;
+    let secs = drain(&engine, what, n).await?.as_secs_f64();
+    Ok(result(what, n, secs, json!({})))
+}
+
+fn write_records(path: &Option<std::path::PathBuf>, rec: &Records) -> Result<()> {
+    let Some(path) = path else { return Ok(()) };
+    let mut f = std::io::BufWriter::new(
+        std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?,
+    );
+    for (key, start, end) in rec.lock().unwrap().iter() {
+        writeln!(f, "{key},{start},{end}")?;
+    }
+    Ok(f.flush()?)
+}
+
+/// Insert one job every 20 ms into a running, idle node; latency is from just
+/// before the insert call to the step's start.
+async fn w4(url: &str, c: u32, n: usize) -> Result<serde_json::Value> {
+    let starts: Arc<Mutex<HashMap<u64, u128>>> = Arc::default();
+    let s2 = starts.clone();
+    let engine = Engine::builder()
+        .url(url)
+        .schema(schema())
+        .queue("default", c)
+        .workflow_fn("Job", move |_step, state, _ctx| {
+            let at = now_ns();
+            let i = state["i"].as_u64().unwrap_or(0);
+            s2.lock().unwrap().insert(i, at);
+            async move { Ok(Transition::done(state)) }
+        })
+        .build()
+        .await?;
+    engine.start().await?;
+    let bar = bar("w4", n)?;
+    let mut inserted = Vec::with_capacity(n);
+    let mut tick = tokio::time::interval(Duration::from_millis(20));
+    let t = Instant::now();
+    for i in 0..n {
+        tick.tick().await;
+        inserted.push(now_ns());
+        engine
+            .insert(NewInstance::new("Job", json!({ "i": i })))
+            .await?;
+        bar.set_position(i as u64 + 1);
+    }
+    while engine.stats().snapshot().outcomes < n as u64 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let secs = t.elapsed().as_secs_f64();
+    bar.finish_and_clear();
+    engine.shutdown().await?;
+    let starts = starts.lock().unwrap();
+    let mut lat: Vec<f64> = inserted
+        .iter()
+        .enumerate()
+        .filter_map(|(i, &at)| starts.get(&(i as u64)).map(|&s| (s - at) as f64 / 1e6))
+        .collect();
+    lat.sort_by(f64::total_cmp);
+    let pct = |p: f64| lat[((lat.len() as f64 * p) as usize).min(lat.len() - 1)];
+    Ok(result(
+        "w4",
+        n,
+        secs,
+        json!({ "p50_ms": pct(0.50), "p99_ms": pct(0.99) }),
+    ))
+}
+
+/// The physical reference: `loops` connections each claim `batch` rows with
+/// `FOR UPDATE SKIP LOCKED` and mark them done, one commit per statement.
+async fn raw(url: &str, loops: u32, n: usize, batch: i64) -> Result<serde_json::Value> {
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(loops + 1)
+        .connect(url)
+        .await?;
+    let table = schema();
+    sqlx::raw_sql(&format!(
+        "CREATE TABLE {table} (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+             status text NOT NULL DEFAULT 'queued', payload jsonb NOT NULL DEFAULT '{{}}');
+         CREATE INDEX ON {table} (id) WHERE status = 'queued';
+         INSERT INTO {table} (payload) SELECT '{{}}' FROM generate_series(1, {n});"
+    ))
+    .execute(&pool)
+    .await?;
+    let claim = format!(
+        "UPDATE {table} SET status = 'running' WHERE id IN (
+             SELECT id FROM {table} WHERE status = 'queued' ORDER BY id LIMIT $1
+             FOR UPDATE SKIP LOCKED) RETURNING id"
+    );
+    let done = format!("UPDATE {table} SET status = 'done' WHERE id = ANY($1)");
+    let bar = bar("raw", n)?;
+    let t = Instant::now();
+    let tasks: Vec<_> = (0..loops)
+        .map(|_| {
+            let (pool, claim, done, bar) = (pool.clone(), claim.clone(), done.clone(), bar.clone());
+            tokio::spawn(async move {
+                loop {
+                    let ids: Vec<i64> = sqlx::query_scalar(&claim)
+                        .bind(batch)
+                        .fetch_all(&pool)
+                        .await?;
+                    if ids.is_empty() {
+                        return Ok::<_, sqlx::Error>(());
+                    }
+                    sqlx::query(&done).bind(&ids).execute(&pool).await?;
+                    bar.inc(ids.len() as u64);
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await??;
+    }
+    let secs = t.elapsed().as_secs_f64();
+    bar.finish_and_clear();
+    sqlx::raw_sql(&format!("DROP TABLE {table}"))
+        .execute(&pool)
+        .await?;
+    let mut v = result("raw", n, secs, json!({ "batch": batch }));
+    v["system"] = json!(format!("raw SKIP LOCKED, batch {batch}"));
+    Ok(v)
+}
