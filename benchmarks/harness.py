@@ -95,6 +95,9 @@ class Work:
             npm_cli = Path(shutil.which("npm")).resolve()
             sh([self.node, npm_cli, "install", "-q", "--prefix", self.node_dir, *NPM_PACKAGES])
             stamp.touch()
+        # ES modules ignore NODE_PATH: the runners run from beside node_modules.
+        for mjs in RUNNERS.glob("*.mjs"):
+            shutil.copy(mjs, self.node_dir)
 
     def build_cli(self) -> Path | None:
         """The pure-Rust runner: `gendurable workload` in the shared release build."""
@@ -155,7 +158,16 @@ class Work:
             ebin.mkdir(parents=True)
             priv.mkdir()
             shutil.copy(self.target / "release" / "libgendurable_nif.so", priv)
-            sh(["elixirc", "--ignore-module-conflict", "-o", ebin, ROOT / "bindings-elixir" / "lib"])
+            # The compiler's own VM cannot find priv/ and logs that the NIF did not
+            # load there; only a failed compilation matters.
+            out = subprocess.run(
+                ["elixirc", "--ignore-module-conflict", "-o", ebin, ROOT / "bindings-elixir" / "lib"],
+                capture_output=True,
+                text=True,
+            )
+            if out.returncode != 0:
+                log(out.stdout + out.stderr)
+                raise subprocess.CalledProcessError(out.returncode, "elixirc")
             return True
         except (subprocess.CalledProcessError, FileNotFoundError):
             log("  the Elixir binding did not build: gendurable-ex rows are pending")
@@ -260,8 +272,8 @@ def runner_command(system: str, work: Work, cli: Path | None) -> list | None:
         "pgqueuer": [work.py, RUNNERS / "pgqueuer_runner.py"],
         "procrastinate": [work.py, RUNNERS / "procrastinate_runner.py"],
         "dbos": [work.py, RUNNERS / "dbos_runner.py"],
-        "graphile-worker": [work.node, RUNNERS / "graphile_runner.mjs"],
-        "pg-boss": [work.node, RUNNERS / "pgboss_runner.mjs"],
+        "graphile-worker": [work.node, work.node_dir / "graphile_runner.mjs"],
+        "pg-boss": [work.node, work.node_dir / "pgboss_runner.mjs"],
     }[system]
 
 
@@ -275,7 +287,6 @@ def run_one(pg: Postgres, work: Work, label: str, argv: list, workload: str, job
         **os.environ,
         "DATABASE_URL": pg.db_url(db),
         "PYTHONUNBUFFERED": "1",
-        "NODE_PATH": str(work.node_dir / "node_modules"),
     }
     args = [str(a) for a in argv]
     if workload == "raw":
@@ -470,7 +481,13 @@ def versions(work: Work, systems: list[str]) -> dict:
     v["node"] = cmd(work.node, "--version")
     if "gendurable-ex" in systems:
         v["elixir"] = cmd("elixir", "--short-version")
-    v["gendurable commit"] = cmd("git", "-C", ROOT, "rev-parse", "--short", "HEAD")
+    commit = cmd("git", "-C", ROOT, "rev-parse", "--short", "HEAD")
+    # The builds use the work tree: say so when it differs from the commit.
+    if cmd(
+        "git", "-C", ROOT, "status", "--porcelain", "--", "core", "cli", "bindings-python", "bindings-elixir"
+    ):
+        commit += " with uncommitted changes"
+    v["gendurable commit"] = commit
     return v
 
 
@@ -531,7 +548,15 @@ def main() -> int:
             if argv is None:
                 r = {"status": "pending", "note": "runner not available"}
             else:
-                r = run_one(pg, work, f"{system}-{w}" if system != "raw" else label, argv, w, jobs, record)
+                r = run_one(
+                    pg,
+                    work,
+                    f"{system}-{w}" if system != "raw" else f"raw-batch{argv[-1]}",
+                    argv,
+                    w,
+                    jobs,
+                    record,
+                )
                 check(r, w, record)
             r.update(label=label, system=system, workload=w)
             r.setdefault("jobs", jobs)

@@ -8,6 +8,9 @@ import os
 import time
 
 import asyncpg
+from pgqueuer import PgQueuer, Queries
+from pgqueuer.db import AsyncpgDriver
+
 from common import (
     GATE,
     KEYS,
@@ -21,8 +24,6 @@ from common import (
     parse_args,
     wait_until,
 )
-from pgqueuer import PgQueuer, Queries
-from pgqueuer.db import AsyncpgDriver
 
 SYSTEM = "pgqueuer"
 BATCH = 10  # dequeue batch; pgqueuer wants max_concurrent_tasks >= 2 * batch

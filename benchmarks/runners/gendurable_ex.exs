@@ -1,0 +1,138 @@
+# gendurable through its Elixir binding: the same engine as the Rust runner,
+# with the jobs written as an Elixir workflow (each step runs in a supervised
+# process). W2 keys are K = 1 concurrency keys, W3 one key of a gate with
+# limit 10. Run by the harness as
+#   elixir -pa <gen_durable ebin> gendurable_ex.exs <w1|w2|w3|w4> --concurrency 20 --jobs N --record FILE
+
+defmodule Bench.Job do
+  use GenDurable
+
+  @impl true
+  def handle_step(_step, state, ctx) do
+    start = System.os_time(:nanosecond)
+    pause = :persistent_term.get(:bench_pause)
+    if pause > 0, do: Process.sleep(pause)
+    :ets.insert(:bench_records, {state["i"], ctx.concurrency_key, start, System.os_time(:nanosecond)})
+    :counters.add(:persistent_term.get(:bench_done), 1, 1)
+    {:done, state}
+  end
+end
+
+defmodule Bench do
+  @jobs %{"w1" => 20_000, "w2" => 10_000, "w3" => 2_000, "w4" => 500}
+  @pause %{"w1" => 0, "w2" => 5, "w3" => 20, "w4" => 0}
+
+  def main([workload | rest]) do
+    {opts, _, _} = OptionParser.parse(rest, strict: [concurrency: :integer, jobs: :integer, record: :string])
+    c = Keyword.get(opts, :concurrency, 20)
+    n = Keyword.get(opts, :jobs) || Map.fetch!(@jobs, workload)
+    url = System.fetch_env!("DATABASE_URL")
+    done = :counters.new(1, [:atomics])
+    :persistent_term.put(:bench_done, done)
+    :persistent_term.put(:bench_pause, Map.fetch!(@pause, workload))
+    :ets.new(:bench_records, [:public, :named_table, write_concurrency: true])
+
+    worker = [
+      name: :bench,
+      url: url,
+      queues: [default: c],
+      concurrency_limits: if(workload == "w3", do: [api: [limit: 10]], else: []),
+      workflows: [Bench.Job]
+    ]
+
+    finished = fn ->
+      wait(fn -> :counters.get(done, 1) >= n end)
+      wait(fn -> remaining(url) == 0 end)
+    end
+
+    {seconds, extra} =
+      if workload == "w4" do
+        {:ok, _} = GenDurable.start_link(worker)
+        Process.sleep(1000)
+        t = System.monotonic_time()
+        before = paced(n, fn i -> GenDurable.insert!(Bench.Job, state: %{"i" => i}, engine: :bench) end)
+        finished.()
+        {seconds(t), latencies(before)}
+      else
+        # A client-only engine inserts first; the worker starts afterwards.
+        {:ok, client} = GenDurable.start_link(name: :client, url: url)
+        t = System.monotonic_time()
+
+        for chunk <- Enum.chunk_every(0..(n - 1), 5000) do
+          GenDurable.insert_all!(Enum.map(chunk, &{Bench.Job, new(workload, &1)}), engine: :client)
+        end
+
+        insert = seconds(t)
+        Supervisor.stop(client)
+        t = System.monotonic_time()
+        {:ok, _} = GenDurable.start_link(worker)
+        finished.()
+        {seconds(t), if(workload == "w1", do: %{"insert_per_s" => n / insert}, else: %{})}
+      end
+
+    Supervisor.stop(:bench)
+    if path = opts[:record], do: write_records(path)
+
+    line =
+      Map.merge(
+        %{"system" => "gendurable-ex", "workload" => workload, "jobs" => n, "seconds" => seconds, "jobs_per_s" => n / seconds},
+        extra
+      )
+
+    # Elixir 1.14 has no JSON module; every value here is a string or a number.
+    IO.puts("{" <> Enum.map_join(line, ", ", fn {k, v} -> ~s("#{k}": #{json(v)}) end) <> "}")
+  end
+
+  defp new("w2", i), do: [state: %{"i" => i}, concurrency_key: "k:#{rem(i, 100)}"]
+  defp new("w3", i), do: [state: %{"i" => i}, concurrency_key: "api:1"]
+  defp new(_, i), do: [state: %{"i" => i}]
+
+  defp json(v) when is_binary(v), do: ~s("#{v}")
+  defp json(v), do: to_string(v)
+
+  defp seconds(t0), do: System.convert_time_unit(System.monotonic_time() - t0, :native, :microsecond) / 1.0e6
+
+  defp wait(pred) do
+    unless pred.() do
+      Process.sleep(2)
+      wait(pred)
+    end
+  end
+
+  # No PostgreSQL client without Hex: psql counts the instances not yet finished.
+  defp remaining(url) do
+    sql = "SELECT count(*) FROM gendurable.instances WHERE status NOT IN ('completed', 'cancelled', 'discarded')"
+    {out, 0} = System.cmd("psql", ["-X", "-At", url, "-c", sql])
+    String.to_integer(String.trim(out))
+  end
+
+  # W4: one insert every 20 ms; the time just before each insert, by index.
+  defp paced(n, insert) do
+    t0 = System.monotonic_time(:millisecond)
+
+    for i <- 0..(n - 1), into: %{} do
+      delay = t0 + i * 20 - System.monotonic_time(:millisecond)
+      if delay > 0, do: Process.sleep(delay)
+      before = System.os_time(:nanosecond)
+      insert.(i)
+      {i, before}
+    end
+  end
+
+  defp latencies(before) do
+    ms =
+      :ets.tab2list(:bench_records)
+      |> Enum.map(fn {i, _key, start, _end} -> (start - before[i]) / 1.0e6 end)
+      |> Enum.sort()
+
+    pick = fn p -> Enum.at(ms, min(trunc(length(ms) * p), length(ms) - 1)) end
+    %{"p50_ms" => pick.(0.5), "p99_ms" => pick.(0.99)}
+  end
+
+  defp write_records(path) do
+    rows = for {_i, key, s, e} <- :ets.tab2list(:bench_records), do: "#{key},#{s},#{e}\n"
+    File.write!(path, rows)
+  end
+end
+
+Bench.main(System.argv())

@@ -1,0 +1,89 @@
+// graphile-worker runner: W2 keys are named queues (jobs sharing a queue_name
+// run one at a time, enforced in the database). It has no limit above one per
+// queue, so W3 is reported unsupported.
+import { Logger, makeWorkerUtils, run } from "graphile-worker";
+import pg from "pg";
+import {
+  PAUSE, Records, emit, keyOf, latencies, nowNs, pacedInserts, parseArgs, sleep, unsupported, waitUntil,
+} from "./common.mjs";
+
+const args = parseArgs("graphile-worker");
+if (args.workload === "w3") unsupported(args, "no concurrency limit above 1 per key (queue_name = one at a time)");
+const connectionString = process.env.DATABASE_URL;
+// Only warnings and errors: the default logger writes a line per job.
+const logger = new Logger(() => (level, message) => {
+  if (level === "error" || level === "warning") console.error(message);
+});
+const utils = await makeWorkerUtils({ connectionString, logger });
+await utils.migrate();
+
+const records = new Records();
+const started = new Map();
+let done = 0;
+const pause = PAUSE[args.workload];
+const taskList = {
+  job: async (payload) => {
+    const start = nowNs();
+    if (pause) await sleep(pause);
+    started.set(payload.i, start);
+    records.add(keyOf(args.workload, payload.i), start, nowNs());
+    done++;
+  },
+};
+
+const client = new pg.Client({ connectionString });
+await client.connect();
+// Completed jobs are deleted; the clock stops when none is left.
+const remaining = async () =>
+  Number((await client.query("SELECT count(*) AS n FROM graphile_worker._private_jobs")).rows[0].n);
+const finished = async () => {
+  await waitUntil(() => done >= args.jobs);
+  await waitUntil(async () => (await remaining()) === 0, 5);
+};
+
+// The documented batching options: a local queue fetches jobs in batches, and
+// completions are written together (0 ms: whatever finished meanwhile).
+const startWorker = () =>
+  run({
+    connectionString,
+    concurrency: args.concurrency,
+    noHandleSignals: true,
+    logger,
+    pollInterval: 100,
+    maxPoolSize: args.concurrency + 4,
+    taskList,
+    preset: { worker: { localQueue: { size: 4 * args.concurrency }, completeJobBatchDelay: 0 } },
+  });
+
+const spec = (i) => {
+  const s = { identifier: "job", payload: { i } };
+  const key = keyOf(args.workload, i);
+  if (key) s.queueName = key;
+  return s;
+};
+
+let runner, t, extra = {};
+if (args.workload === "w4") {
+  runner = await startWorker();
+  await sleep(1000); // idle and listening
+  t = performance.now();
+  const before = await pacedInserts(args.jobs, (i) => utils.addJobs([spec(i)]));
+  await finished();
+  extra = latencies(before, started);
+} else {
+  t = performance.now();
+  for (let i = 0; i < args.jobs; i += 5000) {
+    await utils.addJobs(Array.from({ length: Math.min(5000, args.jobs - i) }, (_, k) => spec(i + k)));
+  }
+  if (args.workload === "w1") extra = { insert_per_s: args.jobs / ((performance.now() - t) / 1000) };
+  t = performance.now();
+  runner = await startWorker();
+  await finished();
+}
+const seconds = (performance.now() - t) / 1000;
+await runner.stop();
+await utils.release();
+await client.end();
+records.write(args.record);
+emit(args, seconds, extra);
+process.exit(0); // the worker library may leave timers behind

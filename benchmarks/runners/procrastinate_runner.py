@@ -1,0 +1,86 @@
+"""procrastinate runner: W2 keys are procrastinate `lock`s (jobs sharing a lock
+run one at a time, enforced in the database). It has no limit above one per
+key, so W3 is reported unsupported."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections import defaultdict
+
+import procrastinate
+
+from common import PAUSE, Records, emit, key_of, latencies, now_ns, paced_inserts, parse_args, unsupported
+
+SYSTEM = "procrastinate"
+
+
+async def main() -> None:
+    args = parse_args(SYSTEM)
+    if args.workload == "w3":
+        unsupported(SYSTEM, "w3", "no concurrency limit above 1 per key (lock = one at a time)")
+    app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=os.environ["DATABASE_URL"]))
+    records, started, done = Records(), {}, [0]
+    pause = PAUSE[args.workload]
+
+    @app.task(name="job", pass_context=True)
+    async def job(context, i: int) -> None:
+        start = now_ns()
+        if pause:
+            await asyncio.sleep(pause)
+        started[i] = start
+        records.add(context.job.lock, start, now_ns())
+        done[0] += 1
+
+    async with app.open_async():
+        await app.schema_manager.apply_schema_async()
+
+        async def finished() -> None:
+            while done[0] < args.jobs:
+                await asyncio.sleep(0.002)
+            sql = "SELECT count(*) FROM procrastinate_jobs WHERE status IN ('todo', 'doing')"
+            while (await app.connector.execute_query_one_async(sql))["count"]:
+                await asyncio.sleep(0.005)
+
+        def start_worker() -> asyncio.Task:
+            # listen_notify wakes the worker on inserts; the short polling interval
+            # bounds the wait after a fetch found every remaining key locked.
+            return asyncio.create_task(
+                app.run_worker_async(
+                    concurrency=args.concurrency,
+                    listen_notify=True,
+                    fetch_job_polling_interval=0.1,
+                    install_signal_handlers=False,
+                )
+            )
+
+        extra = {}
+        if args.workload == "w4":
+            worker = start_worker()
+            await asyncio.sleep(1)  # idle and listening
+            t = time.perf_counter()
+            before = await paced_inserts(args.jobs, lambda i: job.defer_async(i=i))
+            await finished()
+            extra = latencies(before, started)
+        else:
+            by_lock = defaultdict(list)  # a deferrer carries one lock: one batch per key
+            for i in range(args.jobs):
+                by_lock[key_of(args.workload, i)].append({"i": i})
+            t = time.perf_counter()
+            for lock, batch in by_lock.items():
+                await job.configure(lock=lock).batch_defer_async(*batch)
+            if args.workload == "w1":
+                extra = {"insert_per_s": args.jobs / (time.perf_counter() - t)}
+            t = time.perf_counter()
+            worker = start_worker()
+            await finished()
+        seconds = time.perf_counter() - t
+        worker.cancel()  # a graceful stop in procrastinate
+        await asyncio.gather(worker, return_exceptions=True)
+    records.write(args.record)
+    emit(SYSTEM, args.workload, args.jobs, seconds, **extra)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
