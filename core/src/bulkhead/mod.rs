@@ -34,7 +34,11 @@
 //! task stuck behind a dead lock. So every permit also carries a deadline,
 //! `reclaim_after` from when it was taken. Past that deadline its slot counts
 //! as free, and the next caller that finds the bulkhead full takes it over
-//! (a *reclaim*, reported to [`BulkheadHooks::on_reclaimed`]).
+//! (a *reclaim*, reported to [`BulkheadHooks::on_reclaimed`]). Deadlines are
+//! kept on the kernel's coarse monotonic clock, rounded up: a slot never comes
+//! back before `reclaim_after` has passed since the acquire began, and may
+//! come back up to two kernel ticks plus about 2 ms later (about 10 ms with
+//! the common 250 Hz tick).
 //!
 //! That is a deliberate trade-off. A call that is merely slow, still running
 //! after `reclaim_after`, loses its slot and the service sees one call more

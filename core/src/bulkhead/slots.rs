@@ -184,18 +184,21 @@ impl Slots {
     }
 
     /// Claims a slot if one is free or expired.
+    ///
+    /// Only the first attempt on `word` and the refusal of a full bulkhead
+    /// are inline; a lost race, the counted slots and reclaims go out of
+    /// line. With them inline, the claim was returned through the stack,
+    /// which cost about 0.9 ns per acquire.
     #[inline]
     pub(crate) fn try_claim(&self) -> Option<Claim> {
         // Read first: the clock is the slowest step and does not depend on
-        // the atomics, so the CPU can overlap it with them.
+        // the atomics, so the CPU can overlap it with them (reading it after
+        // the claim measured 1.5 ns slower).
         let now = self.clock.now();
         let word = &self.header.word;
-        let mut w = word.load(Relaxed);
-        loop {
-            let free = !w & WORD_MASK;
-            if free == 0 {
-                return self.try_claim_extra(now);
-            }
+        let w = word.load(Relaxed);
+        let free = !w & WORD_MASK;
+        if free != 0 {
             // The lowest free bit, rather than one remembered per thread:
             // claiming any bit costs the same compare-and-exchange on `word`,
             // so a per-thread starting point saves no contention here, while
@@ -204,6 +207,33 @@ impl Slots {
             let bit = free.trailing_zeros() as usize;
             // Acquire: pairs with the Release of whoever cleared the bit, so
             // their release of the slot (and their work) is visible.
+            if word
+                .compare_exchange(w, w | 1 << bit, Acquire, Relaxed)
+                .is_ok()
+            {
+                return Some(self.fill(bit, now));
+            }
+        } else if self.header.extra.load(Relaxed) & COUNT_MASK >= self.extra_limit
+            && now < self.header.earliest.load(Acquire)
+        {
+            // Full, and no deadline can have passed: the usual refusal.
+            return None;
+        }
+        self.try_claim_slow(now)
+    }
+
+    /// [`try_claim`](Self::try_claim) after its first attempt lost the race
+    /// for a bit, or found `word` full but the bulkhead maybe not.
+    #[inline(never)]
+    fn try_claim_slow(&self, now: u64) -> Option<Claim> {
+        let word = &self.header.word;
+        let mut w = word.load(Relaxed);
+        loop {
+            let free = !w & WORD_MASK;
+            if free == 0 {
+                return self.try_claim_extra(now);
+            }
+            let bit = free.trailing_zeros() as usize;
             match word.compare_exchange_weak(w, w | 1 << bit, Acquire, Relaxed) {
                 Ok(_) => return Some(self.fill(bit, now)),
                 Err(actual) => w = actual,
