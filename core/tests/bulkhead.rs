@@ -430,6 +430,44 @@ fn a_holder_within_its_deadline_is_not_reclaimed() {
     assert_eq!(hooks.reclaimed.load(SeqCst), 0);
 }
 
+/// The bulkhead reads a coarse clock (one kernel tick of granularity) in
+/// units of about a millisecond. Whatever the rounding, the slot comes back
+/// no sooner than `reclaim_after` after the acquire, as the fine-grained
+/// monotonic clock measures it. Acquires start at different points within a
+/// kernel tick (a reclaim is found just after a tick, so the previous round
+/// leaves the next one in phase with the clock), and the reclaim is watched
+/// for by spinning, so that one a tick early would be caught. Only the lower
+/// bound is asserted: a busy machine can make the reclaim later, never
+/// earlier.
+#[test]
+fn a_slot_is_never_reclaimed_before_reclaim_after() {
+    for reclaim_after in [
+        Duration::from_micros(1),
+        Duration::from_millis(3),
+        Duration::from_millis(25),
+    ] {
+        for phase in 0..8 {
+            let b = Bulkhead::new(BulkheadConfig::new(1, reclaim_after)).unwrap();
+            std::thread::sleep(Duration::from_micros(450 * phase));
+            let acquired = Instant::now();
+            std::mem::forget(b.try_acquire().unwrap());
+            let give_up = acquired + Duration::from_secs(20);
+            let reclaimed = loop {
+                if b.try_acquire().is_ok() {
+                    break Instant::now();
+                }
+                assert!(Instant::now() < give_up, "the slot was never reclaimed");
+                std::thread::yield_now();
+            };
+            assert!(
+                reclaimed - acquired >= reclaim_after,
+                "reclaimed {:?} after the acquire, before reclaim_after = {reclaim_after:?}",
+                reclaimed - acquired
+            );
+        }
+    }
+}
+
 #[tokio::test]
 async fn a_waiter_wakes_for_a_reclaim_without_any_release() {
     let b = Bulkhead::new(
