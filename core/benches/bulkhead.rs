@@ -9,8 +9,8 @@
 //!   (time per attempt and thread; at limit 1 most attempts are refused);
 //! - `saturated`: every permit held, a refused attempt.
 //!
-//! Then a paired comparison of the uncontended cost that holds up on a busy
-//! machine (see `paired_report`).
+//! Then a paired comparison of the uncontended and saturated costs that holds
+//! up on a busy machine (see `paired_report`).
 
 use std::hint::black_box;
 use std::sync::{Barrier, Mutex};
@@ -175,37 +175,52 @@ fn saturated(c: &mut Criterion) {
     group.finish();
 }
 
-/// Uncontended cost measured the way a shared, noisy machine allows: the
-/// three limiters take turns in short rounds (100,000 cycles each), 200 times,
-/// and the fastest round of each is reported. Interference from other
-/// processes only ever makes a round slower, so the minimum approaches the
-/// undisturbed cost, and taking turns exposes all three to the same
-/// conditions. Printed after criterion's own report.
+/// Uncontended and saturated costs measured the way a shared, noisy machine
+/// allows: the three limiters take turns in short rounds (100,000 attempts
+/// each), 200 times, and the fastest round of each is reported. Interference
+/// from other processes only ever makes a round slower, so the minimum
+/// approaches the undisturbed cost, and taking turns exposes all three to the
+/// same conditions. Printed after criterion's own report.
 fn paired_report() {
     const ROUNDS: usize = 200;
     const CYCLES: u32 = 100_000;
-    println!("\npaired uncontended acquire+release, fastest of {ROUNDS} interleaved rounds (ns):");
-    println!(
-        "{:>6} {:>10} {:>16} {:>14}",
-        "limit", "bulkhead", "tokio_semaphore", "mutex_counter"
-    );
-    for limit in LIMITS {
-        let limiters = limiters(limit);
-        let mut best = vec![f64::MAX; limiters.len()];
-        for _ in 0..ROUNDS {
-            for (i, (_, limiter)) in limiters.iter().enumerate() {
-                let t = Instant::now();
-                for _ in 0..CYCLES {
-                    black_box(limiter.cycle());
-                }
-                let ns = t.elapsed().as_nanos() as f64 / f64::from(CYCLES);
-                best[i] = best[i].min(ns);
-            }
-        }
+    for saturated in [false, true] {
+        let case = if saturated {
+            "saturated (refused attempt)"
+        } else {
+            "uncontended acquire+release"
+        };
+        println!("\npaired {case}, fastest of {ROUNDS} interleaved rounds (ns):");
         println!(
-            "{limit:>6} {:>10.2} {:>16.2} {:>14.2}",
-            best[0], best[1], best[2]
+            "{:>6} {:>10} {:>16} {:>14}",
+            "limit", "bulkhead", "tokio_semaphore", "mutex_counter"
         );
+        for limit in LIMITS {
+            let limiters = limiters(limit);
+            let _held: Vec<_> = if saturated {
+                limiters.iter().map(|(_, l)| l.fill()).collect()
+            } else {
+                Vec::new()
+            };
+            for (_, limiter) in &limiters {
+                assert_eq!(limiter.cycle(), !saturated);
+            }
+            let mut best = vec![f64::MAX; limiters.len()];
+            for _ in 0..ROUNDS {
+                for (i, (_, limiter)) in limiters.iter().enumerate() {
+                    let t = Instant::now();
+                    for _ in 0..CYCLES {
+                        black_box(limiter.cycle());
+                    }
+                    let ns = t.elapsed().as_nanos() as f64 / f64::from(CYCLES);
+                    best[i] = best[i].min(ns);
+                }
+            }
+            println!(
+                "{limit:>6} {:>10.2} {:>16.2} {:>14.2}",
+                best[0], best[1], best[2]
+            );
+        }
     }
 }
 
