@@ -26,6 +26,9 @@ pub struct Args {
     /// Where W2 and W3 write `key,start_ns,end_ns` per job.
     #[arg(long)]
     record: Option<std::path::PathBuf>,
+    /// Rows claimed ahead per queue (the engine's default when omitted).
+    #[arg(long)]
+    prefetch: Option<u32>,
     /// raw: rows claimed per statement.
     #[arg(long, default_value_t = 100)]
     batch: i64,
@@ -36,46 +39,31 @@ type Records = Arc<Mutex<Vec<(String, u128, u128)>>>;
 
 pub async fn run(args: Args) -> Result<()> {
     let (url, _pg) = crate::database(true).await?;
-    let c = args.concurrency;
+    let node = Node {
+        url,
+        concurrency: args.concurrency,
+        prefetch: args.prefetch,
+    };
     let out = match args.workload.as_str() {
-        "w1" => w1(&url, c, args.jobs.unwrap_or(20_000)).await?,
+        "w1" => w1(&node, args.jobs.unwrap_or(20_000)).await?,
         "w2" => {
             let n = args.jobs.unwrap_or(10_000);
-            let rec = Records::default();
-            let out = timed_run(
-                &url,
-                "w2",
-                c,
-                n,
-                None,
-                Duration::from_millis(5),
-                &rec,
-                |i| NewInstance::new("Job", json!({})).concurrency_key(("acct", i % 100)),
-            )
-            .await?;
-            write_records(&args.record, &rec)?;
-            out
+            let make = |i| NewInstance::new("Job", json!({})).concurrency_key(("acct", i % 100));
+            let pause = Duration::from_millis(5);
+            timed_run(&node, "w2", n, None, pause, &args.record, make).await?
         }
         "w3" => {
             let n = args.jobs.unwrap_or(2_000);
-            let rec = Records::default();
             let gate = Some(("api", GateConfig::new(10)));
-            let out = timed_run(
-                &url,
-                "w3",
-                c,
-                n,
-                gate,
-                Duration::from_millis(20),
-                &rec,
-                |_| NewInstance::new("Job", json!({})).concurrency_key("api:1"),
-            )
-            .await?;
-            write_records(&args.record, &rec)?;
-            out
+            let make = |_| NewInstance::new("Job", json!({})).concurrency_key("api:1");
+            let pause = Duration::from_millis(20);
+            timed_run(&node, "w3", n, gate, pause, &args.record, make).await?
         }
-        "w4" => w4(&url, c, args.jobs.unwrap_or(500)).await?,
-        "raw" => raw(&url, c, args.jobs.unwrap_or(20_000), args.batch).await?,
+        "w4" => w4(&node, args.jobs.unwrap_or(500)).await?,
+        "raw" => {
+            let n = args.jobs.unwrap_or(20_000);
+            raw(&node.url, args.concurrency, n, args.batch).await?
+        }
         other => bail!("unknown workload {other:?}: expected w1, w2, w3, w4 or raw"),
     };
     println!("{out}");
@@ -101,31 +89,46 @@ fn bar(what: &str, n: usize) -> Result<ProgressBar> {
     Ok(bar)
 }
 
+/// Where and how the measured node runs.
+struct Node {
+    url: String,
+    concurrency: u32,
+    prefetch: Option<u32>,
+}
+
+impl Node {
+    fn builder(&self) -> gendurable::EngineBuilder {
+        let b = Engine::builder()
+            .url(&self.url)
+            .schema(schema())
+            .queue("default", self.concurrency);
+        match self.prefetch {
+            Some(p) => b.prefetch(p),
+            None => b,
+        }
+    }
+}
+
 /// An engine whose one workflow sleeps `pause` and records its start and end.
 async fn engine(
-    url: &str,
-    concurrency: u32,
+    node: &Node,
     gate: Option<(&str, GateConfig)>,
     pause: Duration,
     rec: &Records,
 ) -> Result<Engine> {
     let rec = rec.clone();
-    let mut b = Engine::builder()
-        .url(url)
-        .schema(schema())
-        .queue("default", concurrency)
-        .workflow_fn("Job", move |_step, state, ctx| {
-            let rec = rec.clone();
-            async move {
-                let start = now_ns();
-                if !pause.is_zero() {
-                    tokio::time::sleep(pause).await;
-                }
-                let key = ctx.concurrency_key.unwrap_or_default();
-                rec.lock().unwrap().push((key, start, now_ns()));
-                Ok(Transition::done(state))
+    let mut b = node.builder().workflow_fn("Job", move |_step, state, ctx| {
+        let rec = rec.clone();
+        async move {
+            let start = now_ns();
+            if !pause.is_zero() {
+                tokio::time::sleep(pause).await;
             }
-        });
+            let key = ctx.concurrency_key.unwrap_or_default();
+            rec.lock().unwrap().push((key, start, now_ns()));
+            Ok(Transition::done(state))
+        }
+    });
     if let Some((name, g)) = gate {
         b = b.concurrency_limit(name, g);
     }
@@ -148,6 +151,15 @@ async fn drain(engine: &Engine, what: &str, n: usize) -> Result<Duration> {
     let elapsed = t.elapsed();
     bar.finish_and_clear();
     engine.shutdown().await?;
+    let s = engine.stats().snapshot();
+    eprintln!(
+        "{what}: {} picks, {:.1} claims/pick, {} outcome batches, {:.1} outcomes/batch, {} pick conflicts",
+        s.picks,
+        s.claimed as f64 / s.picks.max(1) as f64,
+        s.outcome_batches,
+        s.outcomes as f64 / s.outcome_batches.max(1) as f64,
+        s.pick_conflicts
+    );
     Ok(elapsed)
 }
 
@@ -165,8 +177,8 @@ fn result(workload: &str, n: usize, secs: f64, extra: serde_json::Value) -> serd
     v
 }
 
-async fn w1(url: &str, c: u32, n: usize) -> Result<serde_json::Value> {
-    let engine = engine(url, c, None, Duration::ZERO, &Records::default()).await?;
+async fn w1(node: &Node, n: usize) -> Result<serde_json::Value> {
+    let engine = engine(node, None, Duration::ZERO, &Records::default()).await?;
     let t = Instant::now();
     engine
         .insert_many((0..n).map(|_| NewInstance::new("Job", json!({}))).collect())
@@ -181,20 +193,21 @@ async fn w1(url: &str, c: u32, n: usize) -> Result<serde_json::Value> {
     ))
 }
 
-#[allow(clippy::too_many_arguments)]
+/// Insert `n` jobs, run them, and write each job's start and end to `record`.
 async fn timed_run(
-    url: &str,
+    node: &Node,
     what: &str,
-    c: u32,
     n: usize,
     gate: Option<(&str, GateConfig)>,
     pause: Duration,
-    rec: &Records,
+    record: &Option<std::path::PathBuf>,
     make: impl Fn(usize) -> NewInstance,
 ) -> Result<serde_json::Value> {
-    let engine = engine(url, c, gate, pause, rec).await?;
+    let rec = Records::default();
+    let engine = engine(node, gate, pause, &rec).await?;
     engine.insert_many((0..n).map(make).collect()).await?;
     let secs = drain(&engine, what, n).await?.as_secs_f64();
+    write_records(record, &rec)?;
     Ok(result(what, n, secs, json!({})))
 }
 
@@ -211,13 +224,11 @@ fn write_records(path: &Option<std::path::PathBuf>, rec: &Records) -> Result<()>
 
 /// Insert one job every 20 ms into a running, idle node; latency is from just
 /// before the insert call to the step's start.
-async fn w4(url: &str, c: u32, n: usize) -> Result<serde_json::Value> {
+async fn w4(node: &Node, n: usize) -> Result<serde_json::Value> {
     let starts: Arc<Mutex<HashMap<u64, u128>>> = Arc::default();
     let s2 = starts.clone();
-    let engine = Engine::builder()
-        .url(url)
-        .schema(schema())
-        .queue("default", c)
+    let engine = node
+        .builder()
         .workflow_fn("Job", move |_step, state, _ctx| {
             let at = now_ns();
             let i = state["i"].as_u64().unwrap_or(0);

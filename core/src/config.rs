@@ -79,6 +79,8 @@ pub struct EngineConfig {
     pub(crate) schema: String,
     pub(crate) node_id: String,
     pub(crate) queues: BTreeMap<String, u32>,
+    /// Rows claimed ahead per queue, beyond its concurrency.
+    pub(crate) prefetch: Option<u32>,
     pub(crate) gates: BTreeMap<String, GateConfig>,
     pub(crate) rates: BTreeMap<String, RateConfig>,
     pub(crate) heartbeat_interval: Duration,
@@ -97,6 +99,7 @@ impl Default for EngineConfig {
             schema: "gendurable".into(),
             node_id: default_node_id(),
             queues: BTreeMap::new(),
+            prefetch: None,
             gates: BTreeMap::new(),
             rates: BTreeMap::new(),
             heartbeat_interval: Duration::from_secs(5),
@@ -112,6 +115,11 @@ impl Default for EngineConfig {
 }
 
 impl EngineConfig {
+    /// Rows a queue of this concurrency claims ahead.
+    pub(crate) fn prefetch_for(&self, concurrency: u32) -> u32 {
+        self.prefetch.unwrap_or(concurrency)
+    }
+
     /// Check every setting; the first problem found is returned.
     pub fn validate(&self) -> Result<()> {
         validate::schema(&self.schema)?;

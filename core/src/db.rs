@@ -12,8 +12,7 @@ pub(crate) struct Sql {
     /// The LISTEN/NOTIFY channel of this schema.
     pub channel: String,
     pub insert: String,
-    pub pick: String,
-    pub outcome: String,
+    pub handoff: String,
     pub stage: String,
     pub reap: String,
     pub get: String,
@@ -34,8 +33,9 @@ impl Sql {
         Sql {
             channel: format!("{schema}_wake"),
             insert: q(include_str!("sql/insert.sql")),
-            pick: q(include_str!("sql/pick.sql")),
-            outcome: q(include_str!("sql/outcome.sql")),
+            // Outcomes, handovers and claims (see the migration defining it).
+            handoff: q("SELECT (claimed).*, written, released FROM __S__.handoff(
+                            $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)"),
             stage: q(include_str!("sql/stage.sql")),
             reap: q(include_str!("sql/reap.sql")),
             get: q(&format!("SELECT {INSTANCE_COLUMNS} FROM __S__.instances WHERE id = $1")),
@@ -63,12 +63,6 @@ impl Sql {
         }
     }
 }
-
-/// Settings for the engine's own connections (and, with `SET LOCAL`, for the
-/// outcome-and-claim transaction on any pool): PostgreSQL otherwise replans
-/// the pick for every call, because its generic plan looks dearer on paper.
-pub(crate) const SESSION_SETTINGS: &str = "SET plan_cache_mode = force_generic_plan";
-pub(crate) const TRANSACTION_SETTINGS: &str = "SET LOCAL plan_cache_mode = force_generic_plan";
 
 /// The columns of [`crate::Instance`], in the order `instance_from_row` reads them.
 pub(crate) const INSTANCE_COLUMNS: &str = "id, workflow, step, state, queue, priority, status, \

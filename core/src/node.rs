@@ -11,7 +11,8 @@ use crate::workflow::StepContext;
 use sqlx::postgres::PgListener;
 use sqlx::Row;
 use std::collections::HashMap;
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering::{Relaxed, SeqCst};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit, Semaphore};
@@ -21,6 +22,11 @@ use tokio_util::task::TaskTracker;
 
 /// Largest number of outcomes written by one statement.
 const MAX_OUTCOME_BATCH: usize = 2000;
+/// Outcome transactions in flight at once.
+const WRITERS: usize = 2;
+/// A pick locks a window of this many candidates per row wanted (plus 8):
+/// rows one limit turns away leave room for the next ones.
+const WINDOW_FACTOR: f64 = 2.0;
 /// Rows the stager moves per statement.
 const STAGE_BATCH: i64 = 10_000;
 /// Finished rows pruned per statement.
@@ -37,8 +43,11 @@ pub(crate) struct Node {
 struct Shared {
     inner: Arc<Inner>,
     shutdown: CancellationToken,
-    wakes: HashMap<String, Arc<Notify>>,
+    wakes: HashMap<String, Arc<QueueWake>>,
+    /// Per queue: rows this node may hold claimed (concurrency + prefetch).
     slots: HashMap<String, Arc<Semaphore>>,
+    /// Per queue: steps running at once (concurrency).
+    runs: HashMap<String, Arc<Semaphore>>,
     outcomes: mpsc::UnboundedSender<OutcomeRow>,
     steps: TaskTracker,
     running: StdMutex<HashMap<i64, AbortHandle>>,
@@ -79,9 +88,17 @@ impl Node {
             wakes: cfg
                 .queues
                 .keys()
-                .map(|q| (q.clone(), Arc::new(Notify::new())))
+                .map(|q| (q.clone(), Arc::new(QueueWake::default())))
                 .collect(),
             slots: cfg
+                .queues
+                .iter()
+                .map(|(q, &n)| {
+                    let claims = n + cfg.prefetch_for(n);
+                    (q.clone(), Arc::new(Semaphore::new(claims as usize)))
+                })
+                .collect(),
+            runs: cfg
                 .queues
                 .iter()
                 .map(|(q, &n)| (q.clone(), Arc::new(Semaphore::new(n as usize))))
@@ -156,8 +173,42 @@ fn lock<T>(m: &StdMutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl Shared {
     fn wake_all(&self) {
         for w in self.wakes.values() {
-            w.notify_one();
+            w.wake();
         }
+    }
+}
+
+/// A queue's wake-ups, and whether its last pick came back short with
+/// nothing new since: then the writer only hands over the keys its outcomes
+/// free and skips the pick, which would only walk the same blocked rows again.
+#[derive(Default)]
+struct QueueWake {
+    notify: Notify,
+    /// Counts events that may have made rows runnable (wake-ups, polls).
+    events: AtomicU64,
+    /// `events + 1` as of the start of the last pick that came back short; 0
+    /// while the queue is not known to be dry.
+    dry_at: AtomicU64,
+}
+
+impl QueueWake {
+    fn wake(&self) {
+        self.events.fetch_add(1, SeqCst);
+        self.notify.notify_one();
+    }
+
+    /// Call before a pick; pass the result to `picked`.
+    fn before_pick(&self) -> u64 {
+        self.events.load(SeqCst)
+    }
+
+    fn picked(&self, before: u64, wanted: usize, got: usize) {
+        let dry = if got < wanted { before + 1 } else { 0 };
+        self.dry_at.store(dry, SeqCst);
+    }
+
+    fn is_dry(&self) -> bool {
+        self.dry_at.load(SeqCst) == self.events.load(SeqCst) + 1
     }
 }
 
@@ -178,8 +229,10 @@ async fn picker(sh: Arc<Shared>, queue: String) {
             let Ok(mut permits) = slots.clone().try_acquire_many_owned(free as u32) else {
                 break;
             };
+            let before = wake.before_pick();
             match pick(&sh, &queue, free).await {
                 Ok(rows) => {
+                    wake.picked(before, free, rows.len());
                     retry.reset();
                     let got = rows.len();
                     if sh.shutdown.is_cancelled() {
@@ -206,8 +259,8 @@ async fn picker(sh: Arc<Shared>, queue: String) {
             }
         }
         tokio::select! {
-            _ = wake.notified() => {}
-            _ = tokio::time::sleep(sh.inner.cfg.poll_interval) => {}
+            _ = wake.notify.notified() => {}
+            _ = tokio::time::sleep(sh.inner.cfg.poll_interval) => wake.wake(),
             _ = sh.shutdown.cancelled() => return,
         }
     }
@@ -218,8 +271,8 @@ async fn picker(sh: Arc<Shared>, queue: String) {
 /// winner's claim.
 async fn pick(sh: &Shared, queue: &str, demand: usize) -> Result<Vec<Claimed>> {
     for _ in 0..5 {
-        match pick_on(sh, &sh.inner.pool, queue, demand).await {
-            Ok(claimed) => return Ok(claimed),
+        match handoff(sh, &[], &[(queue, demand, false)]).await {
+            Ok(h) => return Ok(h.claimed),
             Err(e) if is_conflict(&e) => Stats::add(&sh.inner.stats.pick_conflicts, 1),
             Err(e) => {
                 Stats::add(&sh.inner.stats.pick_errors, 1);
@@ -235,36 +288,68 @@ fn is_conflict(e: &sqlx::Error) -> bool {
         if matches!(db.code().as_deref(), Some("23505") | Some("40P01")))
 }
 
-/// The pick statement, once, on any executor (the pool, or the outcome
-/// writer's transaction).
-async fn pick_on<'c, E>(sh: &Shared, e: E, queue: &str, demand: usize) -> sqlx::Result<Vec<Claimed>>
-where
-    E: sqlx::Executor<'c, Database = sqlx::Postgres>,
-{
+/// What one handoff call did.
+struct Handoff {
+    /// Outcomes applied (the others were fenced: no longer executing under
+    /// this claim).
+    written: usize,
+    /// Keys and gate slots the outcomes freed that no row took over.
+    released: usize,
+    claimed: Vec<Claimed>,
+}
+
+/// The one statement of the claim path: record `outcomes`, hand the keys and
+/// slots they free to the next rows of the same keys, credit the rest, and
+/// claim up to `demand` rows per queue. Atomic: it applies whole or not at all.
+async fn handoff(
+    sh: &Shared,
+    outcomes: &[OutcomeRow],
+    demand: &[(&str, usize, bool)],
+) -> sqlx::Result<Handoff> {
     let inner = &sh.inner;
     let p = &sh.pick;
-    let window = (demand * 2).max(demand + 8);
-    Stats::add(&inner.stats.picks, 1);
-    let rows = sqlx::query(&inner.sql.pick)
-        .bind(queue)
-        .bind(demand as i32)
-        .bind(window as i32)
-        .bind(&p.workflows)
+    let queues: Vec<&str> = demand.iter().map(|d| d.0).collect();
+    let demands: Vec<i32> = demand.iter().map(|d| d.1 as i32).collect();
+    let handover_only: Vec<bool> = demand.iter().map(|d| d.2).collect();
+    let picks = demand.iter().filter(|d| !d.2).count();
+    Stats::add(&inner.stats.picks, picks as u64);
+    let rows = sqlx::query(&inner.sql.handoff)
+        .bind(sqlx::types::Json(outcomes))
         .bind(&inner.cfg.node_id)
+        .bind(&inner.sql.channel)
+        .bind(inner.others_alive.load(Relaxed))
+        .bind(&queues)
+        .bind(&demands)
+        .bind(&handover_only)
+        .bind(WINDOW_FACTOR)
+        .bind(&p.workflows)
         .bind(&p.gate_names)
         .bind(&p.gate_limits)
         .bind(&p.gate_shards)
         .bind(&p.rate_names)
         .bind(&p.rate_intervals)
         .bind(&p.rate_tolerances)
-        .fetch_all(e)
+        .fetch_all(&inner.pool)
         .await?;
-    let claimed = rows
-        .iter()
-        .map(claimed_from_row)
-        .collect::<sqlx::Result<Vec<_>>>()?;
-    Stats::add(&inner.stats.claimed, claimed.len() as u64);
-    Ok(claimed)
+    let mut h = Handoff {
+        written: 0,
+        released: 0,
+        claimed: Vec::with_capacity(rows.len()),
+    };
+    for r in &rows {
+        match r.try_get::<Option<i32>, _>("written")? {
+            Some(n) => {
+                h.written = n as usize;
+                h.released = r.try_get::<i32, _>("released")? as usize;
+            }
+            None => h.claimed.push(claimed_from_row(r)?),
+        }
+    }
+    Stats::add(&inner.stats.claimed, h.claimed.len() as u64);
+    if !outcomes.is_empty() {
+        count_written(inner, outcomes.len(), h.written);
+    }
+    Ok(h)
 }
 
 fn claimed_from_row(r: &sqlx::postgres::PgRow) -> sqlx::Result<Claimed> {
@@ -297,8 +382,21 @@ fn spawn_step(sh: &Arc<Shared>, row: Claimed, permit: OwnedSemaphorePermit) {
         return;
     };
     let sh2 = sh.clone();
+    let runs = sh.runs[&row.queue].clone();
     sh.steps.spawn(async move {
         let sh = sh2;
+        // A prefetched row waits here for a running slot (in claim order:
+        // the semaphore is fair); at shutdown, rows not started go back.
+        let run = tokio::select! {
+            biased;
+            _ = sh.shutdown.cancelled() => None,
+            run = runs.acquire_owned() => run.ok(),
+        };
+        let Some(run) = run else {
+            drop(permit);
+            hand_back(&sh, vec![row]);
+            return;
+        };
         let ctx = StepContext {
             id: row.id,
             workflow: row.workflow.clone(),
@@ -314,6 +412,7 @@ fn spawn_step(sh: &Arc<Shared>, row: Claimed, permit: OwnedSemaphorePermit) {
         let user = tokio::spawn(async move { wf.step(&step, state, ctx).await });
         lock(&sh.running).insert(row.id, user.abort_handle());
         let result = user.await;
+        drop(run);
         lock(&sh.running).remove(&row.id);
         let cfg = &sh.inner.cfg;
         let outcome = match result {
@@ -355,16 +454,24 @@ fn panic_message(j: tokio::task::JoinError) -> String {
     }
 }
 
-/// Writes outcomes in batches: whatever accumulated while the previous batch
-/// was in flight goes in the next statement.
+/// Writes outcomes in batches: whatever accumulated while earlier batches
+/// were in flight goes in the next transaction. Up to `WRITERS` transactions
+/// run at once, so one waiting for its commit does not hold back the next
+/// batch and the database can use more than one core.
 async fn write_outcomes(
     sh: Arc<Shared>,
     mut rx: mpsc::UnboundedReceiver<OutcomeRow>,
     stop: CancellationToken,
 ) {
+    let mut inflight = tokio::task::JoinSet::new();
     loop {
+        if inflight.len() >= WRITERS {
+            inflight.join_next().await;
+            continue;
+        }
         let first = tokio::select! {
             o = rx.recv() => o,
+            Some(_) = inflight.join_next() => continue,
             _ = stop.cancelled() => None,
         };
         let mut batch = Vec::new();
@@ -372,6 +479,7 @@ async fn write_outcomes(
             Some(o) => batch.push(o),
             None => {
                 // Stopping: every step has finished; write what is left.
+                while inflight.join_next().await.is_some() {}
                 while let Ok(o) = rx.try_recv() {
                     batch.push(o);
                 }
@@ -392,64 +500,83 @@ async fn write_outcomes(
                 Err(_) => break,
             }
         }
-        match write_and_claim(&sh, &batch).await {
-            Ok(()) => {}
-            Err(e) => {
+        let sh = sh.clone();
+        inflight.spawn(async move {
+            if let Err(e) = write_and_claim(&sh, &batch).await {
                 tracing::debug!(error = %e, "outcome and claim in one transaction failed; writing the outcomes alone");
                 write_batch(&sh, batch, None).await;
             }
-        }
+        });
     }
 }
 
-/// The fast path: write a batch of outcomes and, in the same transaction,
-/// claim rows for every free slot. Slots and keys the outcomes free are handed
-/// to the next rows with one commit instead of two.
+/// The fast path: write a batch of outcomes and, in the same statement,
+/// claim rows for every free slot of the batch's queues. Slots and keys the
+/// outcomes free go to the next rows with one round trip and one commit.
 async fn write_and_claim(sh: &Arc<Shared>, batch: &[OutcomeRow]) -> Result<()> {
-    let inner = &sh.inner;
-    let mut tx = inner.pool.begin().await?;
-    if !inner.owns_pool {
-        sqlx::Executor::execute(&mut *tx, crate::db::TRANSACTION_SETTINGS).await?;
+    struct Claim<'a> {
+        queue: &'a str,
+        wake: &'a QueueWake,
+        free: usize,
+        permits: OwnedSemaphorePermit,
+        before: u64,
+        handover_only: bool,
     }
-    let written = outcome_statement(inner, &mut *tx, batch).await?;
     let mut claims = Vec::new();
     if !sh.shutdown.is_cancelled() {
-        // The queues these outcomes freed slots in; other queues' pickers are
-        // woken below if a released key may have unblocked their rows.
+        // The queues these outcomes freed slots in.
         for (queue, slots) in sh
             .slots
             .iter()
             .filter(|(q, _)| batch.iter().any(|o| &o.queue == *q))
         {
             let free = slots.available_permits();
-            if free == 0 {
-                continue;
-            }
             let Ok(permits) = slots.clone().try_acquire_many_owned(free as u32) else {
                 continue;
             };
-            let rows = pick_on(sh, &mut *tx, queue, free).await?;
-            claims.push((rows, permits));
-        }
-    }
-    tx.commit().await?;
-    count_written(inner, batch.len(), written);
-    if batch.iter().any(|o| o.held) {
-        for (queue, wake) in &sh.wakes {
-            if !batch.iter().any(|o| &o.queue == queue) {
-                wake.notify_one();
+            if free == 0 {
+                continue;
             }
+            let wake = &*sh.wakes[queue];
+            // A row made runnable by these outcomes needs the pick.
+            let runnable = batch.iter().any(|o| &o.queue == queue && o.runnable_now());
+            claims.push(Claim {
+                queue,
+                wake,
+                free,
+                permits,
+                before: wake.before_pick(),
+                handover_only: !runnable && wake.is_dry(),
+            });
         }
     }
-    for (rows, mut permits) in claims {
-        if sh.shutdown.is_cancelled() {
-            hand_back(sh, rows);
-            continue;
+    let demand: Vec<(&str, usize, bool)> = claims
+        .iter()
+        .map(|c| (c.queue, c.free, c.handover_only))
+        .collect();
+    let h = handoff(sh, batch, &demand).await?;
+    if h.released > 0 {
+        // Keys or slots went free with nobody taking them over: rows of those
+        // keys may wait in any queue.
+        sh.wake_all();
+    }
+    for c in &claims {
+        if !c.handover_only {
+            let got = h.claimed.iter().filter(|r| r.queue == c.queue).count();
+            c.wake.picked(c.before, c.free, got);
         }
-        for row in rows {
-            let permit = permits.split(1).expect("one permit per claimed row");
-            spawn_step(sh, row, permit);
-        }
+    }
+    if sh.shutdown.is_cancelled() {
+        hand_back(sh, h.claimed);
+        return Ok(());
+    }
+    for row in h.claimed {
+        let c = claims
+            .iter_mut()
+            .find(|c| c.queue == row.queue)
+            .expect("rows are claimed only for queues with permits");
+        let permit = c.permits.split(1).expect("one permit per claimed row");
+        spawn_step(sh, row, permit);
     }
     Ok(())
 }
@@ -458,10 +585,10 @@ async fn write_and_claim(sh: &Arc<Shared>, batch: &[OutcomeRow]) -> Result<()> {
 /// any). A batch the database refuses for another reason is written row by row
 /// so one bad row cannot hold back the others.
 async fn write_batch(sh: &Shared, batch: Vec<OutcomeRow>, deadline: Option<Instant>) {
-    let wake = batch.iter().any(|o| o.held || o.runnable_now());
+    let wake = batch.iter().any(|o| o.hkey.is_some() || o.runnable_now());
     let mut retry = Backoff::new();
     loop {
-        match write_outcome_rows(&sh.inner, &batch).await {
+        match write_outcome_rows(sh, &batch).await {
             Ok(()) => break,
             Err(e) if e.is_transient() => {
                 if deadline.is_some_and(|d| Instant::now() >= d) {
@@ -482,7 +609,7 @@ async fn write_batch(sh: &Shared, batch: Vec<OutcomeRow>, deadline: Option<Insta
             Err(e) => {
                 tracing::error!(id = batch[0].id, error = %e, "an outcome was refused; recording it as an error");
                 let fallback = OutcomeRow::refused(&batch[0], &e.to_string());
-                if let Err(e) = write_outcome_rows(&sh.inner, &[fallback]).await {
+                if let Err(e) = write_outcome_rows(sh, &[fallback]).await {
                     tracing::error!(id = batch[0].id, error = %e, "recording the refused outcome failed too");
                 }
                 break;
@@ -494,26 +621,9 @@ async fn write_batch(sh: &Shared, batch: Vec<OutcomeRow>, deadline: Option<Insta
     }
 }
 
-async fn write_outcome_rows(inner: &Inner, batch: &[OutcomeRow]) -> Result<()> {
-    let written = outcome_statement(inner, &inner.pool, batch).await?;
-    count_written(inner, batch.len(), written);
+async fn write_outcome_rows(sh: &Shared, batch: &[OutcomeRow]) -> Result<()> {
+    handoff(sh, batch, &[]).await?;
     Ok(())
-}
-
-/// The outcome statement; returns how many rows it updated (the others were
-/// fenced: no longer executing under this claim).
-async fn outcome_statement<'c, E>(inner: &Inner, e: E, batch: &[OutcomeRow]) -> sqlx::Result<usize>
-where
-    E: sqlx::Executor<'c, Database = sqlx::Postgres>,
-{
-    let rows = sqlx::query(&inner.sql.outcome)
-        .bind(sqlx::types::Json(batch))
-        .bind(&inner.cfg.node_id)
-        .bind(&inner.sql.channel)
-        .bind(inner.others_alive.load(Relaxed))
-        .fetch_all(e)
-        .await?;
-    Ok(rows.len())
 }
 
 fn count_written(inner: &Inner, sent: usize, written: usize) {
@@ -559,7 +669,7 @@ async fn listen(sh: Arc<Shared>) {
                 }
                 Ok(Some(n)) => {
                     if let Some(w) = sh.wakes.get(n.payload()) {
-                        w.notify_one();
+                        w.wake();
                     }
                 }
                 Ok(None) => sh.wake_all(),

@@ -44,11 +44,10 @@ pub(crate) struct OutcomeRow {
     pub until: Option<DateTime<Utc>>,
     pub signal: Option<String>,
     pub error: Option<Value>,
-    /// The gate key and shard the claim debited, to credit back.
-    pub gkey: Option<String>,
+    /// The key the claim held and the gate shard it debited (none for
+    /// K = 1): freed by this outcome, handed over or credited back.
+    pub hkey: Option<String>,
     pub gshard: Option<i32>,
-    /// Whether the claim held a concurrency key (its release wakes pickers).
-    pub held: bool,
     #[serde(skip)]
     pub max_attempts: i32,
     #[serde(skip)]
@@ -74,9 +73,8 @@ impl OutcomeRow {
             until: None,
             signal: None,
             error: None,
-            gkey: c.gate_shard.and(c.concurrency_key.clone()),
+            hkey: c.concurrency_key.clone(),
             gshard: c.gate_shard,
-            held: c.concurrency_key.is_some(),
             max_attempts: c.max_attempts,
             step_name: c.step.clone(),
             queue: c.queue.clone(),
