@@ -418,7 +418,8 @@ def table(results: list[dict]) -> str:
         w = r["workload"]
         cells = [w.upper() if w != "raw" else "raw", r["label"]]
         if r.get("status") != "ok":
-            cells += [r["status"] + (f" ({r['note']})" if r.get("note") else "")] + [""] * 6
+            why = r.get("note") or r.get("unsupported")
+            cells += [r["status"] + (f" ({why})" if why else "")] + [""] * 6
         elif w == "w4":
             ratio = r["p50_ms"] / best["w4"] if best["w4"] else None
             cells += [
@@ -437,7 +438,7 @@ def table(results: list[dict]) -> str:
                 fmt(r.get("insert_per_s")),
                 "",
                 fmt(rate / best[w], 2) if best.get(w) else "",
-                fmt(rate / raw100, 2) if raw100 else "",
+                fmt(rate / raw100, 2) if raw100 and w in ("w1", "raw") else "",
                 fmt(100 * rate / IDEAL[w]) + " %" if w in IDEAL else "",
                 (
                     ""
