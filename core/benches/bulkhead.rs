@@ -176,15 +176,39 @@ fn saturated(c: &mut Criterion) {
 }
 
 /// Uncontended and saturated costs measured the way a shared, noisy machine
-/// allows: the three limiters take turns in short rounds (100,000 attempts
-/// each), 200 times, and the fastest round of each is reported. Interference
-/// from other processes only ever makes a round slower, so the minimum
-/// approaches the undisturbed cost, and taking turns exposes all three to the
-/// same conditions. Printed after criterion's own report.
+/// allows: every limiter of every limit takes its turn for a short round
+/// (100,000 attempts), 200 times over, and the fastest round of each is
+/// reported. Interference from other processes only ever makes a round
+/// slower, so the minimum approaches the undisturbed cost; taking turns
+/// exposes all limiters to the same conditions, and spreads each one's rounds
+/// over the whole measurement, so that a burst of load elsewhere cannot spoil
+/// all of them. Printed after criterion's own report.
 fn paired_report() {
     const ROUNDS: usize = 200;
     const CYCLES: u32 = 100_000;
     for saturated in [false, true] {
+        let all: Vec<_> = LIMITS.iter().map(|&limit| limiters(limit)).collect();
+        let _held: Vec<_> = if saturated {
+            all.iter().flatten().map(|(_, l)| l.fill()).collect()
+        } else {
+            Vec::new()
+        };
+        for (_, limiter) in all.iter().flatten() {
+            assert_eq!(limiter.cycle(), !saturated);
+        }
+        let mut best = vec![vec![f64::MAX; 3]; LIMITS.len()];
+        for _ in 0..ROUNDS {
+            for (limiters, best) in all.iter().zip(&mut best) {
+                for ((_, limiter), best) in limiters.iter().zip(best.iter_mut()) {
+                    let t = Instant::now();
+                    for _ in 0..CYCLES {
+                        black_box(limiter.cycle());
+                    }
+                    let ns = t.elapsed().as_nanos() as f64 / f64::from(CYCLES);
+                    *best = best.min(ns);
+                }
+            }
+        }
         let case = if saturated {
             "saturated (refused attempt)"
         } else {
@@ -195,27 +219,7 @@ fn paired_report() {
             "{:>6} {:>10} {:>16} {:>14}",
             "limit", "bulkhead", "tokio_semaphore", "mutex_counter"
         );
-        for limit in LIMITS {
-            let limiters = limiters(limit);
-            let _held: Vec<_> = if saturated {
-                limiters.iter().map(|(_, l)| l.fill()).collect()
-            } else {
-                Vec::new()
-            };
-            for (_, limiter) in &limiters {
-                assert_eq!(limiter.cycle(), !saturated);
-            }
-            let mut best = vec![f64::MAX; limiters.len()];
-            for _ in 0..ROUNDS {
-                for (i, (_, limiter)) in limiters.iter().enumerate() {
-                    let t = Instant::now();
-                    for _ in 0..CYCLES {
-                        black_box(limiter.cycle());
-                    }
-                    let ns = t.elapsed().as_nanos() as f64 / f64::from(CYCLES);
-                    best[i] = best[i].min(ns);
-                }
-            }
+        for (limit, best) in LIMITS.iter().zip(&best) {
             println!(
                 "{limit:>6} {:>10.2} {:>16.2} {:>14.2}",
                 best[0], best[1], best[2]
