@@ -1,7 +1,16 @@
 -- The claim path as functions, so that one call does what used to take a
 -- transaction of several round trips: record a batch of outcomes, hand the
--- keys and gate slots they free straight to the next rows of the same keys,
--- credit what is left, and claim for the node's free slots.
+-- keys and gate slots they free to the reserved successors the node already
+-- started, credit what is left, claim for the node's free slots and reserve
+-- the next successors.
+--
+-- A reserved row stays 'available' with `node` set: nobody else claims it and
+-- it holds no key or slot. When a step that holds a key ends, its node starts
+-- the key's reserved successor at once in the freed slot (no round trip in
+-- between) and records both in one call: the finished row's outcome and the
+-- successor's promotion to 'executing' in the same gate shard, so the slot
+-- moves from one row to the next and the counters never change. A cancel of a
+-- reserved row is treated like one of an executing row (it may already run).
 
 CREATE TYPE claim AS (
     id              bigint,
@@ -18,9 +27,30 @@ CREATE TYPE claim AS (
     wake            jsonb
 );
 
--- The next runnable rows of a key, for handing over a slot its last step freed.
+-- The next runnable rows of a key, for reserving successors.
 CREATE INDEX instances_key_next ON instances (concurrency_key, queue, priority, scheduled_at, id)
     WHERE status = 'available' AND concurrency_key IS NOT NULL;
+
+-- Reserved rows by node, for the reaper and a stopping node.
+CREATE INDEX instances_reserved ON instances (node) WHERE status = 'available' AND node IS NOT NULL;
+
+-- Give reserved rows back to everyone: rows of `ids` (or all of the node's when
+-- NULL) reserved by `node_id`. A cancel that arrived meanwhile takes effect.
+-- Returns how many rows it released.
+CREATE FUNCTION release_reserved(node_id text, ids bigint[]) RETURNS integer
+LANGUAGE sql VOLATILE
+SET search_path FROM CURRENT
+AS $$
+    WITH r AS (
+        UPDATE instances i SET
+            node = NULL,
+            status = CASE WHEN i.cancel_requested THEN 'cancelled' ELSE 'available' END,
+            finished_at = CASE WHEN i.cancel_requested THEN now() END
+        WHERE i.status = 'available' AND i.node = node_id AND (ids IS NULL OR i.id = ANY (ids))
+        RETURNING 1
+    )
+    SELECT count(*)::integer FROM r
+$$;
 
 -- The pick: claim up to $2 runnable rows of queue $1 for node $5, admitting
 -- each through its K = 1 key, its gate and its rate limit, in one statement.
@@ -49,7 +79,7 @@ BEGIN
                array_position($6::text[], split_part(i.concurrency_key, ':', 1)) AS gi,
                array_position($9::text[], split_part(i.rate_key, ':', 1)) AS ri
         FROM instances i
-        WHERE i.queue = $1 AND i.status = 'available' AND i.workflow = ANY ($4::text[])
+        WHERE i.queue = $1 AND i.status = 'available' AND i.node IS NULL AND i.workflow = ANY ($4::text[])
           AND (i.concurrency_key IS NULL
                OR CASE WHEN array_position($6::text[], split_part(i.concurrency_key, ':', 1)) IS NULL
                        THEN NOT EXISTS (SELECT 1 FROM instances e
@@ -190,19 +220,22 @@ $$;
 --
 -- outcomes: a JSON array of outcomes (see OutcomeRow); each applies only while
 -- its row is still executing under the same claim (node and attempt), so a
--- late outcome of a rescued row is dropped. queues/demands: how many rows to
--- claim per queue (empty: record the outcomes only); a queue whose
--- `handover_only` is set takes only rows of keys these outcomes freed (the
--- caller knows a pick would find nothing new). The remaining parameters are
--- the pick's. Returns the claimed rows and one more row with only `written`
--- (how many outcomes applied) and `released` (how many freed keys and slots
--- nobody took over) set.
+-- late outcome of a rescued row is dropped; `next` names the reserved
+-- successor the node started in the freed slot. queues/demands: how many rows
+-- to claim per queue (empty: record the outcomes only); `skip_pick` set: the
+-- caller knows a pick would find nothing new; `reserve` set: reserve a
+-- successor for each keyed row claimed or promoted in that queue (the node has
+-- room its keys cannot fill, so slots should hand over without a round trip).
+-- unreserve: reserved rows the node no longer wants. The remaining parameters
+-- are the pick's. Returns the claimed rows (reserved = false), the reserved
+-- ones (reserved = true), and one row with only `written` (outcomes applied)
+-- and `released` (freed keys and slots nobody took over) set.
 CREATE FUNCTION handoff(outcomes jsonb, node_id text, channel text, notify boolean,
-                        queues text[], demands integer[], handover_only boolean[],
-                        win_factor float8, workflows text[],
+                        queues text[], demands integer[], skip_pick boolean[], reserve boolean[],
+                        unreserve bigint[], win_factor float8, workflows text[],
                         gate_names text[], gate_limits integer[], gate_shards integer[],
                         rate_names text[], rate_intervals float8[], rate_tolerances float8[])
-RETURNS TABLE (claimed claim, written integer, released integer)
+RETURNS TABLE (claimed claim, reserved boolean, written integer, released integer)
 LANGUAGE plpgsql VOLATILE
 SET search_path FROM CURRENT
 SET plan_cache_mode = force_generic_plan
@@ -210,25 +243,27 @@ AS $$
 #variable_conflict use_column
 DECLARE
     n_written integer := 0;
+    n_unreserved integer := 0;
     -- What the applied outcomes freed: the key each claim held, its gate shard
-    -- (NULL for K = 1) and queue.
+    -- (NULL for K = 1), queue, and the successor started in its place.
     f_key text[];
     f_shard integer[];
     f_queue text[];
-    -- Handovers: the rows given a freed key or slot.
-    t_id bigint[];
-    t_shard integer[];
+    f_next bigint[];
+    -- Successors promoted into freed slots.
     t_key text[];
-    t_queue text[];
+    t_shard integer[];
+    -- Keyed rows that want a successor reserved.
+    w_key text[];
+    w_queue text[];
     q integer;
-    want integer;
 BEGIN
     IF jsonb_array_length(outcomes) > 0 THEN
         WITH o AS (
             SELECT * FROM jsonb_to_recordset(outcomes) AS o(
                 id bigint, attempt integer, kind text, status text, step text, state jsonb,
                 set_key boolean, ckey text, rkey text, delay float8, until timestamptz,
-                signal text, error jsonb, hkey text, gshard integer)
+                signal text, error jsonb, hkey text, gshard integer, next bigint)
         ), upd AS (
             UPDATE instances i SET
                 status = CASE WHEN i.cancel_requested AND o.status NOT IN ('completed', 'cancelled', 'discarded')
@@ -257,67 +292,43 @@ BEGIN
                 gate_shard = NULL
             FROM o
             WHERE i.id = o.id AND i.status = 'executing' AND i.node = node_id AND i.attempt = o.attempt
-            RETURNING i.queue, o.hkey, o.gshard
+            RETURNING i.queue, o.hkey, o.gshard, o.next
         )
         SELECT count(*)::integer,
                array_agg(u.hkey) FILTER (WHERE u.hkey IS NOT NULL),
                array_agg(u.gshard) FILTER (WHERE u.hkey IS NOT NULL),
-               array_agg(u.queue) FILTER (WHERE u.hkey IS NOT NULL)
-        INTO n_written, f_key, f_shard, f_queue
+               array_agg(u.queue) FILTER (WHERE u.hkey IS NOT NULL),
+               array_agg(u.next) FILTER (WHERE u.hkey IS NOT NULL)
+        INTO n_written, f_key, f_shard, f_queue, f_next
         FROM upd u;
     END IF;
 
-    -- Hand each freed key or slot to the next runnable row of the same key and
-    -- queue, within the queue's demand: the slot moves from one row to the
-    -- next without touching the counters. Rows under a configured rate limit
-    -- are left to the pick, which checks the limit.
-    IF f_key IS NOT NULL AND cardinality(queues) > 0 THEN
-        WITH f AS (
-            SELECT k.key, k.queue, count(*)::integer AS n
-            FROM unnest(f_key, f_queue) AS k(key, queue)
-            WHERE k.queue = ANY (queues)
-            GROUP BY 1, 2
-        ), cand AS (
-            SELECT n.id, f.key, f.queue, n.priority, n.scheduled_at,
-                   row_number() OVER (PARTITION BY f.key ORDER BY n.priority, n.scheduled_at, n.id) AS j
-            FROM f CROSS JOIN LATERAL (
-                SELECT i.id, i.priority, i.scheduled_at FROM instances i
-                WHERE i.concurrency_key = f.key AND i.queue = f.queue AND i.status = 'available'
-                  AND i.workflow = ANY (workflows)
-                  AND (i.rate_key IS NULL
-                       OR array_position(rate_names, split_part(i.rate_key, ':', 1)) IS NULL)
-                ORDER BY i.priority, i.scheduled_at, i.id
-                LIMIT f.n
-                FOR UPDATE SKIP LOCKED) n
-        ), slots AS (
-            SELECT s.key, s.shard, row_number() OVER (PARTITION BY s.key ORDER BY s.shard) AS j
-            FROM unnest(f_key, f_shard) AS s(key, shard)
-        ), fit AS (
-            SELECT c.id, c.key, c.queue, s.shard,
-                   row_number() OVER (PARTITION BY c.queue ORDER BY c.priority, c.scheduled_at, c.id) AS qj
-            FROM cand c JOIN slots s ON s.key = c.key AND s.j = c.j
-        )
-        SELECT array_agg(fit.id), array_agg(fit.shard), array_agg(fit.key), array_agg(fit.queue)
-        INTO t_id, t_shard, t_key, t_queue
-        FROM fit
-        WHERE fit.qj <= demands[array_position(queues, fit.queue)];
-
-        IF t_id IS NOT NULL THEN
-            RETURN QUERY
+    -- Promote the successors started in freed slots: each takes its
+    -- predecessor's shard (its key is the same), so no counter changes. The
+    -- predecessor left 'executing' in the statement above, so the K = 1 index
+    -- sees one executing row per key throughout.
+    IF f_next IS NOT NULL THEN
+        WITH p AS (
+            SELECT p.id, p.shard FROM unnest(f_next, f_shard) AS p(id, shard) WHERE p.id IS NOT NULL
+        ), promoted AS (
             UPDATE instances i
-            SET status = 'executing', node = node_id, attempt = i.attempt + 1, attempted_at = now(),
-                gate_shard = t.shard
-            FROM unnest(t_id, t_shard) AS t(id, shard)
-            WHERE i.id = t.id
-            RETURNING (i.id, i.workflow, i.step, i.state, i.queue, i.priority, i.attempt, i.max_attempts,
-                       i.concurrency_key, i.gate_shard, i.rate_key, i.wake)::claim, NULL::integer,
-                      NULL::integer;
-        END IF;
+            SET status = 'executing', attempt = i.attempt + 1, attempted_at = now(), gate_shard = p.shard
+            FROM p
+            WHERE i.id = p.id AND i.status = 'available' AND i.node = node_id
+            RETURNING i.concurrency_key, i.gate_shard
+        )
+        SELECT array_agg(concurrency_key), array_agg(gate_shard)
+        INTO t_key, t_shard
+        FROM promoted;
     END IF;
 
-    -- Credit the gate slots nobody took over, each to the shard it came from,
-    -- locking the counters in key order. Values come from the locked version
-    -- (see the pick); least(): never above capacity.
+    IF cardinality(unreserve) > 0 THEN
+        n_unreserved := release_reserved(node_id, unreserve);
+    END IF;
+
+    -- Credit the gate slots no successor took over, each to the shard it came
+    -- from, locking the counters in key order. Values come from the locked
+    -- version (see the pick); least(): never above capacity.
     IF f_key IS NOT NULL THEN
         WITH freed AS (
             SELECT key, shard, count(*)::integer AS n FROM unnest(f_key, f_shard) AS f(key, shard)
@@ -338,28 +349,72 @@ BEGIN
         UPDATE gate_slots g SET available = least(l.available + l.n, l.capacity)
         FROM locked l
         WHERE g.key = l.key AND g.shard = l.shard;
-
-        -- Rows waiting for a key or slot that was released (not handed over)
-        -- may sit in any queue, on any node: wake the other nodes ('*' and the
-        -- sender). Only when other nodes are alive (a lone node claims for
-        -- itself; one that starts meanwhile polls until our next heartbeat).
-        IF notify AND cardinality(f_key) > coalesce(cardinality(t_id), 0) THEN
-            PERFORM pg_notify(channel, '*' || node_id);
-        END IF;
     END IF;
 
-    RETURN QUERY SELECT NULL::claim, n_written,
-                        coalesce(cardinality(f_key), 0) - coalesce(cardinality(t_id), 0);
+    -- Rows waiting for a key or slot that was released (not handed over), or
+    -- for a row given back, may sit in any queue, on any node: wake the other
+    -- nodes ('*' and the sender). Only when other nodes are alive (a lone node
+    -- claims for itself; one that starts meanwhile polls until our next
+    -- heartbeat sees it).
+    IF notify AND (coalesce(cardinality(f_key), 0) > coalesce(cardinality(t_key), 0)
+                   OR n_unreserved > 0) THEN
+        PERFORM pg_notify(channel, '*' || node_id);
+    END IF;
+    RETURN QUERY SELECT NULL::claim, NULL::boolean, n_written,
+                        coalesce(cardinality(f_key), 0) - coalesce(cardinality(t_key), 0) + n_unreserved;
 
-    -- Claim for what demand is left, queue by queue.
+    -- Claim for the demand, queue by queue.
     FOR q IN 1 .. coalesce(cardinality(queues), 0) LOOP
-        want := demands[q] - coalesce(cardinality(array_positions(t_queue, queues[q])), 0);
-        IF want > 0 AND NOT handover_only[q] THEN
+        IF demands[q] > 0 AND NOT skip_pick[q] THEN
             RETURN QUERY
-            SELECT p, NULL::integer, NULL::integer
-            FROM pick(queues[q], want, ceil(want * win_factor)::integer + 8, workflows, node_id,
-                      gate_names, gate_limits, gate_shards, rate_names, rate_intervals, rate_tolerances) p;
+            SELECT p, false, NULL::integer, NULL::integer
+            FROM pick(queues[q], demands[q], ceil(demands[q] * win_factor)::integer + 8,
+                      workflows, node_id, gate_names, gate_limits, gate_shards,
+                      rate_names, rate_intervals, rate_tolerances) p;
         END IF;
     END LOOP;
+
+    -- The keyed rows claimed or promoted just now (this transaction's
+    -- timestamp) in queues that reserve.
+    IF true = ANY (reserve) THEN
+        SELECT coalesce(array_agg(i.concurrency_key), '{}'), coalesce(array_agg(i.queue), '{}')
+        INTO w_key, w_queue
+        FROM instances i
+        WHERE i.status = 'executing' AND i.node = node_id AND i.attempted_at = now()
+          AND i.concurrency_key IS NOT NULL AND reserve[array_position(queues, i.queue)]
+          AND (i.rate_key IS NULL
+               OR array_position(rate_names, split_part(i.rate_key, ':', 1)) IS NULL);
+    END IF;
+
+    -- Reserve a successor per keyed row that wants one: the next runnable rows
+    -- of its key and queue nobody holds. Only for keys that are full (K = 1,
+    -- or a gate with no slot left): a row a free slot could admit now is left
+    -- to the pick. Rows under a configured rate limit are left to the pick,
+    -- which checks the limit.
+    IF cardinality(w_key) > 0 THEN
+        RETURN QUERY
+        WITH w AS (
+            SELECT k.key, k.queue, count(*)::integer AS n
+            FROM unnest(w_key, w_queue) AS k(key, queue)
+            WHERE NOT EXISTS (SELECT 1 FROM gate_slots s WHERE s.key = k.key AND s.available > 0)
+            GROUP BY 1, 2
+        ), nxt AS (
+            SELECT n.id FROM w CROSS JOIN LATERAL (
+                SELECT i.id FROM instances i
+                WHERE i.concurrency_key = w.key AND i.queue = w.queue AND i.status = 'available'
+                  AND i.node IS NULL AND i.workflow = ANY (workflows)
+                  AND (i.rate_key IS NULL
+                       OR array_position(rate_names, split_part(i.rate_key, ':', 1)) IS NULL)
+                ORDER BY i.priority, i.scheduled_at, i.id
+                LIMIT w.n
+                FOR UPDATE SKIP LOCKED) n
+        )
+        UPDATE instances i SET node = node_id
+        FROM nxt
+        WHERE i.id = nxt.id
+        RETURNING (i.id, i.workflow, i.step, i.state, i.queue, i.priority, i.attempt, i.max_attempts,
+                   i.concurrency_key, i.gate_shard, i.rate_key, i.wake)::claim, true, NULL::integer,
+                  NULL::integer;
+    END IF;
 END
 $$;

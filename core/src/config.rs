@@ -79,7 +79,7 @@ pub struct EngineConfig {
     pub(crate) schema: String,
     pub(crate) node_id: String,
     pub(crate) queues: BTreeMap<String, u32>,
-    /// Rows claimed ahead per queue, beyond its concurrency.
+    /// The most rows claimed ahead per queue, beyond its concurrency.
     pub(crate) prefetch: Option<u32>,
     pub(crate) gates: BTreeMap<String, GateConfig>,
     pub(crate) rates: BTreeMap<String, RateConfig>,
@@ -115,9 +115,9 @@ impl Default for EngineConfig {
 }
 
 impl EngineConfig {
-    /// Rows a queue of this concurrency claims ahead.
+    /// The most rows a queue of this concurrency claims ahead.
     pub(crate) fn prefetch_for(&self, concurrency: u32) -> u32 {
-        self.prefetch.unwrap_or(concurrency)
+        self.prefetch.unwrap_or(concurrency.saturating_mul(25))
     }
 
     /// Check every setting; the first problem found is returned.

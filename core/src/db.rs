@@ -34,8 +34,8 @@ impl Sql {
             channel: format!("{schema}_wake"),
             insert: q(include_str!("sql/insert.sql")),
             // Outcomes, handovers and claims (see the migration defining it).
-            handoff: q("SELECT (claimed).*, written, released FROM __S__.handoff(
-                            $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)"),
+            handoff: q("SELECT (claimed).*, reserved, written, released FROM __S__.handoff(
+                            $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)"),
             stage: q(include_str!("sql/stage.sql")),
             reap: q(include_str!("sql/reap.sql")),
             get: q(&format!("SELECT {INSTANCE_COLUMNS} FROM __S__.instances WHERE id = $1")),
@@ -46,7 +46,9 @@ impl Sql {
                           ON CONFLICT (id) DO UPDATE SET heartbeat_at = now(), queues = excluded.queues
                           RETURNING (SELECT count(*) FROM __S__.nodes n
                                      WHERE n.id <> $1 AND n.heartbeat_at > now() - make_interval(secs => $5))"),
-            forget_node: q("DELETE FROM __S__.nodes WHERE id = $1"),
+            // Gives back the rows the node reserved, too.
+            forget_node: q("WITH gone AS (DELETE FROM __S__.nodes WHERE id = $1 RETURNING 1)
+                            SELECT __S__.release_reserved($1, NULL)"),
             prune: q("DELETE FROM __S__.instances WHERE id IN (
                           SELECT id FROM __S__.instances
                           WHERE status IN ('completed', 'cancelled', 'discarded')

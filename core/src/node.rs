@@ -5,17 +5,19 @@
 use crate::engine::Inner;
 use crate::error::Result;
 use crate::outcome::{Claimed, OutcomeRow};
+use crate::prefetch::Prefetch;
 use crate::stats::Stats;
+use crate::successors::Successors;
 use crate::transition::{Transition, Wake};
 use crate::workflow::StepContext;
 use sqlx::postgres::PgListener;
 use sqlx::Row;
 use std::collections::HashMap;
-use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::{Relaxed, SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
-use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, oneshot, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::task::{AbortHandle, JoinHandle};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -26,7 +28,7 @@ const MAX_OUTCOME_BATCH: usize = 2000;
 const WRITERS: usize = 2;
 /// A pick locks a window of this many candidates per row wanted (plus 8):
 /// rows one limit turns away leave room for the next ones.
-const WINDOW_FACTOR: f64 = 2.0;
+const WINDOW_FACTOR: f64 = 1.0;
 /// Rows the stager moves per statement.
 const STAGE_BATCH: i64 = 10_000;
 /// Finished rows pruned per statement.
@@ -48,9 +50,15 @@ struct Shared {
     slots: HashMap<String, Arc<Semaphore>>,
     /// Per queue: steps running at once (concurrency).
     runs: HashMap<String, Arc<Semaphore>>,
+    /// Per queue: how many of the claim permits beyond the free running
+    /// slots to use now.
+    prefetch: HashMap<String, Prefetch>,
     outcomes: mpsc::UnboundedSender<OutcomeRow>,
     steps: TaskTracker,
     running: StdMutex<HashMap<i64, AbortHandle>>,
+    successors: StdMutex<Successors>,
+    /// Wakes the writer when reserved rows are to be given back.
+    writer_wake: Notify,
     pick: PickParams,
 }
 
@@ -103,9 +111,16 @@ impl Node {
                 .iter()
                 .map(|(q, &n)| (q.clone(), Arc::new(Semaphore::new(n as usize))))
                 .collect(),
+            prefetch: cfg
+                .queues
+                .iter()
+                .map(|(q, &n)| (q.clone(), Prefetch::new(cfg.prefetch_for(n))))
+                .collect(),
             outcomes: tx,
             steps: TaskTracker::new(),
             running: StdMutex::new(HashMap::new()),
+            successors: StdMutex::new(Successors::default()),
+            writer_wake: Notify::new(),
             pick,
             inner: inner.clone(),
         });
@@ -171,6 +186,25 @@ fn lock<T>(m: &StdMutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Shared {
+    /// Update the successor bookkeeping; wakes the writer if rows are to be
+    /// given back.
+    fn successors<R>(&self, f: impl FnOnce(&mut Successors) -> R) -> R {
+        let mut s = lock(&self.successors);
+        let r = f(&mut s);
+        if s.has_dangling() {
+            self.writer_wake.notify_one();
+        }
+        r
+    }
+
+    /// Whether keyed rows claimed for `queue` should get successors reserved:
+    /// the queue has idle running slots its last pick could not fill, so its
+    /// keys, not the node, are the limit, and their slots should hand over
+    /// without a round trip.
+    fn wants_successors(&self, queue: &str) -> bool {
+        self.wakes[queue].is_short() && self.runs[queue].available_permits() > 0
+    }
+
     fn wake_all(&self) {
         for w in self.wakes.values() {
             w.wake();
@@ -189,6 +223,8 @@ struct QueueWake {
     /// `events + 1` as of the start of the last pick that came back short; 0
     /// while the queue is not known to be dry.
     dry_at: AtomicU64,
+    /// Whether the last pick came back short.
+    short: AtomicBool,
 }
 
 impl QueueWake {
@@ -205,6 +241,11 @@ impl QueueWake {
     fn picked(&self, before: u64, wanted: usize, got: usize) {
         let dry = if got < wanted { before + 1 } else { 0 };
         self.dry_at.store(dry, SeqCst);
+        self.short.store(got < wanted, SeqCst);
+    }
+
+    fn is_short(&self) -> bool {
+        self.short.load(SeqCst)
     }
 
     fn is_dry(&self) -> bool {
@@ -215,6 +256,7 @@ impl QueueWake {
 async fn picker(sh: Arc<Shared>, queue: String) {
     let slots = sh.slots[&queue].clone();
     let wake = sh.wakes[&queue].clone();
+    let prefetch = &sh.prefetch[&queue];
     let mut retry = Backoff::new();
     loop {
         // Claim while there is room and the queue has work.
@@ -222,7 +264,7 @@ async fn picker(sh: Arc<Shared>, queue: String) {
             if sh.shutdown.is_cancelled() {
                 return;
             }
-            let free = slots.available_permits();
+            let free = prefetch.demand(slots.available_permits());
             if free == 0 {
                 break;
             }
@@ -241,7 +283,7 @@ async fn picker(sh: Arc<Shared>, queue: String) {
                     }
                     for row in rows {
                         let permit = permits.split(1).expect("one permit per claimed row");
-                        spawn_step(&sh, row, permit);
+                        spawn_step(&sh, row, permit, None, None);
                     }
                     if got < free {
                         break;
@@ -269,9 +311,16 @@ async fn picker(sh: Arc<Shared>, queue: String) {
 /// One pick on the pool; a lost K = 1 race (the unique index refusing a
 /// second executing row) is retried at once, as the loser now sees the
 /// winner's claim.
-async fn pick(sh: &Shared, queue: &str, demand: usize) -> Result<Vec<Claimed>> {
+async fn pick(sh: &Arc<Shared>, queue: &str, demand: usize) -> Result<Vec<Claimed>> {
+    let reserve = sh.wants_successors(queue);
+    let want = Demand {
+        queue,
+        rows: demand,
+        skip_pick: false,
+        reserve,
+    };
     for _ in 0..5 {
-        match handoff(sh, &[], &[(queue, demand, false)]).await {
+        match handoff(sh, &[], &[want], Vec::new()).await {
             Ok(h) => return Ok(h.claimed),
             Err(e) if is_conflict(&e) => Stats::add(&sh.inner.stats.pick_conflicts, 1),
             Err(e) => {
@@ -288,6 +337,17 @@ fn is_conflict(e: &sqlx::Error) -> bool {
         if matches!(db.code().as_deref(), Some("23505") | Some("40P01")))
 }
 
+/// What a handoff call is to claim for one queue.
+#[derive(Clone, Copy)]
+struct Demand<'a> {
+    queue: &'a str,
+    rows: usize,
+    /// A pick would find nothing new: only promotions and reservations.
+    skip_pick: bool,
+    /// Reserve successors for the keyed rows claimed or promoted.
+    reserve: bool,
+}
+
 /// What one handoff call did.
 struct Handoff {
     /// Outcomes applied (the others were fenced: no longer executing under
@@ -298,29 +358,35 @@ struct Handoff {
     claimed: Vec<Claimed>,
 }
 
-/// The one statement of the claim path: record `outcomes`, hand the keys and
-/// slots they free to the next rows of the same keys, credit the rest, and
-/// claim up to `demand` rows per queue. Atomic: it applies whole or not at all.
+/// The one statement of the claim path (the `handoff` function in the
+/// migrations): record `outcomes` and promote the successors started in the
+/// slots they free, give back `unreserve`, credit what is left, claim per
+/// queue and reserve successors. Atomic: it applies whole or not at all.
+/// Reserved rows go to the successor bookkeeping; claimed rows are returned.
 async fn handoff(
     sh: &Shared,
     outcomes: &[OutcomeRow],
-    demand: &[(&str, usize, bool)],
+    demand: &[Demand<'_>],
+    unreserve: Vec<i64>,
 ) -> sqlx::Result<Handoff> {
     let inner = &sh.inner;
     let p = &sh.pick;
-    let queues: Vec<&str> = demand.iter().map(|d| d.0).collect();
-    let demands: Vec<i32> = demand.iter().map(|d| d.1 as i32).collect();
-    let handover_only: Vec<bool> = demand.iter().map(|d| d.2).collect();
-    let picks = demand.iter().filter(|d| !d.2).count();
+    let queues: Vec<&str> = demand.iter().map(|d| d.queue).collect();
+    let rows: Vec<i32> = demand.iter().map(|d| d.rows as i32).collect();
+    let skip_pick: Vec<bool> = demand.iter().map(|d| d.skip_pick).collect();
+    let reserve: Vec<bool> = demand.iter().map(|d| d.reserve).collect();
+    let picks = demand.iter().filter(|d| !d.skip_pick).count();
     Stats::add(&inner.stats.picks, picks as u64);
-    let rows = sqlx::query(&inner.sql.handoff)
+    let result = sqlx::query(&inner.sql.handoff)
         .bind(sqlx::types::Json(outcomes))
         .bind(&inner.cfg.node_id)
         .bind(&inner.sql.channel)
         .bind(inner.others_alive.load(Relaxed))
         .bind(&queues)
-        .bind(&demands)
-        .bind(&handover_only)
+        .bind(&rows)
+        .bind(&skip_pick)
+        .bind(&reserve)
+        .bind(&unreserve)
         .bind(WINDOW_FACTOR)
         .bind(&p.workflows)
         .bind(&p.gate_names)
@@ -330,21 +396,39 @@ async fn handoff(
         .bind(&p.rate_intervals)
         .bind(&p.rate_tolerances)
         .fetch_all(&inner.pool)
-        .await?;
+        .await;
+    let rows = match result {
+        Ok(rows) => rows,
+        Err(e) => {
+            sh.successors(|s| s.restore_dangling(unreserve));
+            return Err(e);
+        }
+    };
     let mut h = Handoff {
         written: 0,
         released: 0,
         claimed: Vec::with_capacity(rows.len()),
     };
+    let mut reserved = Vec::new();
     for r in &rows {
-        match r.try_get::<Option<i32>, _>("written")? {
-            Some(n) => {
-                h.written = n as usize;
+        match r.try_get::<Option<bool>, _>("reserved")? {
+            None => {
+                h.written = r.try_get::<i32, _>("written")? as usize;
                 h.released = r.try_get::<i32, _>("released")? as usize;
             }
-            None => h.claimed.push(claimed_from_row(r)?),
+            Some(false) => h.claimed.push(claimed_from_row(r)?),
+            Some(true) => reserved.push(claimed_from_row(r)?),
         }
     }
+    // The claimed rows hold their keys before their successors are filed.
+    sh.successors(|s| {
+        for row in &h.claimed {
+            s.claimed(row);
+        }
+        for row in reserved {
+            s.reserved(row);
+        }
+    });
     Stats::add(&inner.stats.claimed, h.claimed.len() as u64);
     if !outcomes.is_empty() {
         count_written(inner, outcomes.len(), h.written);
@@ -370,12 +454,23 @@ fn claimed_from_row(r: &sqlx::postgres::PgRow) -> sqlx::Result<Claimed> {
 
 fn hand_back(sh: &Shared, rows: Vec<Claimed>) {
     Stats::add(&sh.inner.stats.released, rows.len() as u64);
+    sh.successors(|s| rows.iter().for_each(|r| s.release(r)));
     for row in rows {
         let _ = sh.outcomes.send(OutcomeRow::release(&row));
     }
 }
 
-fn spawn_step(sh: &Arc<Shared>, row: Claimed, permit: OwnedSemaphorePermit) {
+/// Run a claimed row: wait for a running slot (unless it comes with one: a
+/// successor takes its predecessor's), run the step, queue its outcome, and
+/// start the key's reserved successor in the slot, if there is one.
+/// `after`: a successor's outcome waits until its promotion is written.
+fn spawn_step(
+    sh: &Arc<Shared>,
+    row: Claimed,
+    claim: OwnedSemaphorePermit,
+    run: Option<OwnedSemaphorePermit>,
+    after: Option<oneshot::Receiver<()>>,
+) {
     let Some(workflow) = sh.inner.workflows.get(&row.workflow).cloned() else {
         // The pick only claims workflows this node knows.
         hand_back(sh, vec![row]);
@@ -387,16 +482,20 @@ fn spawn_step(sh: &Arc<Shared>, row: Claimed, permit: OwnedSemaphorePermit) {
         let sh = sh2;
         // A prefetched row waits here for a running slot (in claim order:
         // the semaphore is fair); at shutdown, rows not started go back.
-        let run = tokio::select! {
-            biased;
-            _ = sh.shutdown.cancelled() => None,
-            run = runs.acquire_owned() => run.ok(),
+        let run = match run {
+            Some(run) => Some(run),
+            None => tokio::select! {
+                biased;
+                _ = sh.shutdown.cancelled() => None,
+                run = runs.acquire_owned() => run.ok(),
+            },
         };
         let Some(run) = run else {
-            drop(permit);
+            drop(claim);
             hand_back(&sh, vec![row]);
             return;
         };
+        sh.prefetch[&row.queue].started();
         let ctx = StepContext {
             id: row.id,
             workflow: row.workflow.clone(),
@@ -412,10 +511,9 @@ fn spawn_step(sh: &Arc<Shared>, row: Claimed, permit: OwnedSemaphorePermit) {
         let user = tokio::spawn(async move { wf.step(&step, state, ctx).await });
         lock(&sh.running).insert(row.id, user.abort_handle());
         let result = user.await;
-        drop(run);
         lock(&sh.running).remove(&row.id);
         let cfg = &sh.inner.cfg;
-        let outcome = match result {
+        let mut outcome = match result {
             Ok(Ok(t)) => OutcomeRow::from_transition(&row, cfg, Some(&*workflow), t),
             Ok(Err(e)) => OutcomeRow::from_transition(
                 &row,
@@ -436,9 +534,33 @@ fn spawn_step(sh: &Arc<Shared>, row: Claimed, permit: OwnedSemaphorePermit) {
                 "aborted: the step did not finish within the shutdown timeout".into(),
             ),
         };
-        // Free the slot before the outcome is queued, so that the writer,
-        // which claims for free slots in the outcome's own transaction, sees it.
-        drop(permit);
+        let next = if sh.shutdown.is_cancelled() {
+            sh.successors(|s| s.release(&row));
+            None
+        } else {
+            sh.successors(|s| s.next(&row))
+        };
+        match next {
+            Some(next) => {
+                // A claim too: promoted in this outcome's call.
+                Stats::add(&sh.inner.stats.claimed, 1);
+                let (written, promoted) = oneshot::channel();
+                outcome.next = Some(next.id);
+                outcome.written = Some(Arc::new(written));
+                spawn_step(&sh, next, claim, Some(run), Some(promoted));
+            }
+            None => {
+                // Free the slots before the outcome is queued, so that the
+                // writer, which claims for free slots in the outcome's own
+                // call, sees them.
+                drop(run);
+                drop(claim);
+            }
+        }
+        // A successor's outcome needs its promotion written first.
+        if let Some(after) = after {
+            let _ = after.await;
+        }
         let _ = sh.outcomes.send(outcome);
     });
 }
@@ -472,13 +594,16 @@ async fn write_outcomes(
         let first = tokio::select! {
             o = rx.recv() => o,
             Some(_) = inflight.join_next() => continue,
+            _ = sh.writer_wake.notified() => None,
             _ = stop.cancelled() => None,
         };
         let mut batch = Vec::new();
         match first {
             Some(o) => batch.push(o),
+            None if !stop.is_cancelled() => {} // reserved rows to give back
             None => {
                 // Stopping: every step has finished; write what is left.
+                // Reserved rows are given back when the node deregisters.
                 while inflight.join_next().await.is_some() {}
                 while let Ok(o) = rx.try_recv() {
                     batch.push(o);
@@ -500,10 +625,13 @@ async fn write_outcomes(
                 Err(_) => break,
             }
         }
+        if batch.is_empty() && !lock(&sh.successors).has_dangling() {
+            continue;
+        }
         let sh = sh.clone();
         inflight.spawn(async move {
             if let Err(e) = write_and_claim(&sh, &batch).await {
-                tracing::debug!(error = %e, "outcome and claim in one transaction failed; writing the outcomes alone");
+                tracing::debug!(error = %e, "outcome and claim in one call failed; writing the outcomes alone");
                 write_batch(&sh, batch, None).await;
             }
         });
@@ -515,12 +643,10 @@ async fn write_outcomes(
 /// outcomes free go to the next rows with one round trip and one commit.
 async fn write_and_claim(sh: &Arc<Shared>, batch: &[OutcomeRow]) -> Result<()> {
     struct Claim<'a> {
-        queue: &'a str,
+        want: Demand<'a>,
         wake: &'a QueueWake,
-        free: usize,
         permits: OwnedSemaphorePermit,
         before: u64,
-        handover_only: bool,
     }
     let mut claims = Vec::new();
     if !sh.shutdown.is_cancelled() {
@@ -530,40 +656,51 @@ async fn write_and_claim(sh: &Arc<Shared>, batch: &[OutcomeRow]) -> Result<()> {
             .iter()
             .filter(|(q, _)| batch.iter().any(|o| &o.queue == *q))
         {
-            let free = slots.available_permits();
-            let Ok(permits) = slots.clone().try_acquire_many_owned(free as u32) else {
-                continue;
+            // Even with no free slot (a picker may hold them) the queue is
+            // listed: the successors promoted here get their own reserved.
+            let free = sh.prefetch[queue].demand(slots.available_permits());
+            let (free, permits) = match slots.clone().try_acquire_many_owned(free as u32) {
+                Ok(p) => (free, p),
+                Err(_) => (
+                    0,
+                    slots
+                        .clone()
+                        .try_acquire_many_owned(0)
+                        .expect("zero permits"),
+                ),
             };
-            if free == 0 {
-                continue;
-            }
             let wake = &*sh.wakes[queue];
-            // A row made runnable by these outcomes needs the pick.
-            let runnable = batch.iter().any(|o| &o.queue == queue && o.runnable_now());
+            let mine = || batch.iter().filter(|o| &o.queue == queue);
+            // A pick can only find something new if these outcomes made a row
+            // runnable or freed a key or slot that no successor took over, or
+            // if rate limits refilled meanwhile.
+            let nothing_new = sh.pick.rate_names.is_empty()
+                && mine().all(|o| !o.runnable_now() && (o.hkey.is_none() || o.next.is_some()));
             claims.push(Claim {
-                queue,
+                want: Demand {
+                    queue,
+                    rows: free,
+                    skip_pick: nothing_new && wake.is_dry(),
+                    reserve: sh.wants_successors(queue),
+                },
                 wake,
-                free,
                 permits,
                 before: wake.before_pick(),
-                handover_only: !runnable && wake.is_dry(),
             });
         }
     }
-    let demand: Vec<(&str, usize, bool)> = claims
-        .iter()
-        .map(|c| (c.queue, c.free, c.handover_only))
-        .collect();
-    let h = handoff(sh, batch, &demand).await?;
+    let demand: Vec<Demand> = claims.iter().map(|c| c.want).collect();
+    let unreserve = sh.successors(|s| s.take_dangling());
+    let h = handoff(sh, batch, &demand, unreserve).await?;
     if h.released > 0 {
         // Keys or slots went free with nobody taking them over: rows of those
         // keys may wait in any queue.
         sh.wake_all();
     }
     for c in &claims {
-        if !c.handover_only {
-            let got = h.claimed.iter().filter(|r| r.queue == c.queue).count();
-            c.wake.picked(c.before, c.free, got);
+        if !c.want.skip_pick && c.want.rows > 0 {
+            let got = h.claimed.iter().filter(|r| r.queue == c.want.queue).count();
+            c.wake.picked(c.before, c.want.rows, got);
         }
     }
     if sh.shutdown.is_cancelled() {
@@ -573,10 +710,10 @@ async fn write_and_claim(sh: &Arc<Shared>, batch: &[OutcomeRow]) -> Result<()> {
     for row in h.claimed {
         let c = claims
             .iter_mut()
-            .find(|c| c.queue == row.queue)
+            .find(|c| c.want.queue == row.queue)
             .expect("rows are claimed only for queues with permits");
         let permit = c.permits.split(1).expect("one permit per claimed row");
-        spawn_step(sh, row, permit);
+        spawn_step(sh, row, permit, None, None);
     }
     Ok(())
 }
@@ -622,7 +759,7 @@ async fn write_batch(sh: &Shared, batch: Vec<OutcomeRow>, deadline: Option<Insta
 }
 
 async fn write_outcome_rows(sh: &Shared, batch: &[OutcomeRow]) -> Result<()> {
-    handoff(sh, batch, &[]).await?;
+    handoff(sh, batch, &[], Vec::new()).await?;
     Ok(())
 }
 

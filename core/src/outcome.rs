@@ -48,6 +48,12 @@ pub(crate) struct OutcomeRow {
     /// K = 1): freed by this outcome, handed over or credited back.
     pub hkey: Option<String>,
     pub gshard: Option<i32>,
+    /// The reserved successor started in the slot this outcome frees.
+    pub next: Option<i64>,
+    /// Dropped (with every clone) once the batch carrying this outcome is
+    /// written: the successor's own outcome waits for that.
+    #[serde(skip)]
+    pub written: Option<std::sync::Arc<tokio::sync::oneshot::Sender<()>>>,
     #[serde(skip)]
     pub max_attempts: i32,
     #[serde(skip)]
@@ -75,6 +81,8 @@ impl OutcomeRow {
             error: None,
             hkey: c.concurrency_key.clone(),
             gshard: c.gate_shard,
+            next: None,
+            written: None,
             max_attempts: c.max_attempts,
             step_name: c.step.clone(),
             queue: c.queue.clone(),

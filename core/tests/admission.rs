@@ -477,3 +477,75 @@ async fn unrelated_work_flows_past_saturated_backlogs() {
     );
     engine.shutdown().await.unwrap();
 }
+
+/// A full key's next row is reserved as a successor and runs in the slot its
+/// predecessor frees; a reserved row cancelled meanwhile is flagged like an
+/// executing one (its step may run; its outcome ends it cancelled unless the
+/// step completed it); nothing stays reserved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn successors_take_over_freed_slots() {
+    let url = support::url();
+    let schema = support::schema("succ");
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let g = Arc::new(Gates {
+        started: tx,
+        release: Arc::new(Notify::new()),
+    });
+    let engine = controlled(
+        support::builder(&url, &schema)
+            .queue("default", 5)
+            .concurrency_limit("api", GateConfig::new(1)),
+        g.clone(),
+    )
+    .start()
+    .await
+    .unwrap();
+    let wait = json!({"plan": {"start": {"wait": true}}});
+    let a = ctl(&engine, json!({"plan": {}}), "api:1").await;
+    expect_start(&mut rx, a, "start", Some("api:1")).await;
+    support::wait_status(&engine, a, Status::Completed).await;
+    // A's pick came back short with running slots idle: B's claim reserves C.
+    let row = |plan: serde_json::Value| NewInstance::new("Ctl", plan).concurrency_key("api:1");
+    let ids = engine
+        .insert_many(vec![
+            row(wait),
+            row(json!({"plan": {"start": {"do": "release", "to": "more"}}})),
+            row(json!({"plan": {}})),
+        ])
+        .await
+        .unwrap();
+    let (b, c, d) = (ids[0], ids[1], ids[2]);
+    expect_start(&mut rx, b, "start", Some("api:1")).await;
+    let reserved = |id: i64| {
+        let (pool, schema) = (engine.pool().clone(), schema.clone());
+        async move {
+            sqlx::query_scalar::<_, bool>(&format!(
+                "SELECT status = 'available' AND node IS NOT NULL FROM \"{schema}\".instances WHERE id = $1"
+            ))
+            .bind(id)
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+        }
+    };
+    assert!(reserved(c).await, "C is B's successor");
+    assert!(!reserved(d).await, "one successor per slot");
+    // Cancelling a reserved row flags it: it may already run.
+    engine.cancel(c).await.unwrap();
+    assert_eq!(engine.get(c).await.unwrap().status, Status::Available);
+    g.release.notify_one();
+    expect_start(&mut rx, c, "start", Some("api:1")).await;
+    expect_start(&mut rx, d, "start", Some("api:1")).await;
+    support::wait_status(&engine, d, Status::Completed).await;
+    assert_eq!(engine.get(c).await.unwrap().status, Status::Cancelled);
+    let left: i64 = sqlx::query_scalar(&format!(
+        "SELECT count(*) FROM \"{schema}\".instances WHERE node IS NOT NULL"
+    ))
+    .fetch_one(engine.pool())
+    .await
+    .unwrap();
+    assert_eq!(left, 0, "nothing stays reserved");
+    let gate = &engine.status().await.unwrap().gates[0];
+    assert_eq!((gate.in_flight, gate.available), (0, 1));
+    engine.shutdown().await.unwrap();
+}

@@ -1,7 +1,8 @@
 -- Rescue rows executing on nodes whose heartbeat is older than the lease ($1
 -- seconds). The attempt was counted by the claim; at max_attempts the row is
 -- discarded. Gate counters are not credited here (the safe direction): the
--- reconciler restores them from the executing rows.
+-- reconciler restores them from the executing rows. Rows the dead nodes
+-- reserved as successors go back to everyone.
 WITH lost AS (
     SELECT i.id, i.cancel_requested, i.attempt, i.max_attempts, i.errors, i.step, i.node
     FROM __S__.instances i
@@ -24,7 +25,15 @@ WITH lost AS (
         scheduled_at = now()
     FROM lost l WHERE i.id = l.id
     RETURNING i.id
+), unreserved AS (
+    SELECT __S__.release_reserved(n.node, NULL) AS n
+    FROM (SELECT DISTINCT i.node FROM __S__.instances i
+          WHERE i.status = 'available' AND i.node IS NOT NULL
+            AND NOT EXISTS (SELECT 1 FROM __S__.nodes n
+                            WHERE n.id = i.node AND n.heartbeat_at > now() - make_interval(secs => $1))) n
 )
 SELECT count(*) AS rescued,
-       (SELECT count(*) FROM (SELECT pg_notify($2, '') FROM rescued LIMIT 1) n) AS notified
+       (SELECT count(*) FROM (SELECT pg_notify($2, '')
+                              WHERE EXISTS (SELECT 1 FROM rescued)
+                                 OR (SELECT sum(n) FROM unreserved) > 0) n) AS notified
 FROM rescued

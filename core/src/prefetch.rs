@@ -1,0 +1,94 @@
+//! How many rows a queue claims ahead of its free running slots: about as
+//! many as it starts in `HORIZON`, up to a cap. Fast steps fill large batches
+//! (one round trip and one commit for many rows); slow steps claim almost
+//! nothing ahead, so their rows, keys and slots stay free for other nodes.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// The look-ahead: rows the queue is expected to start within this time.
+pub(crate) const HORIZON: Duration = Duration::from_millis(50);
+/// The start rate is re-estimated at most this often.
+const SAMPLE: Duration = Duration::from_millis(10);
+
+pub(crate) struct Prefetch {
+    cap: usize,
+    started: AtomicU64,
+    estimate: Mutex<Estimate>,
+}
+
+struct Estimate {
+    at: Instant,
+    started: u64,
+    per_sec: f64,
+}
+
+impl Prefetch {
+    pub fn new(cap: u32) -> Prefetch {
+        Prefetch {
+            cap: cap as usize,
+            started: AtomicU64::new(0),
+            estimate: Mutex::new(Estimate {
+                at: Instant::now(),
+                started: 0,
+                per_sec: 0.0,
+            }),
+        }
+    }
+
+    /// A step of the queue started.
+    pub fn started(&self) {
+        self.started.fetch_add(1, Relaxed);
+    }
+
+    /// Rows to claim ahead now.
+    pub fn ahead(&self) -> usize {
+        let mut e = self.estimate.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        let dt = now.duration_since(e.at);
+        if dt >= SAMPLE {
+            let n = self.started.load(Relaxed);
+            let rate = (n - e.started) as f64 / dt.as_secs_f64();
+            // Smoothed, but quick to follow a burst.
+            e.per_sec = if rate > e.per_sec {
+                rate
+            } else {
+                0.5 * e.per_sec + 0.5 * rate
+            };
+            e.at = now;
+            e.started = n;
+        }
+        ((e.per_sec * HORIZON.as_secs_f64()).ceil() as usize).min(self.cap)
+    }
+
+    /// Of `free` claim permits (the queue has concurrency + cap in all), how
+    /// many to use now.
+    pub fn demand(&self, free: usize) -> usize {
+        free.saturating_sub(self.cap - self.ahead())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_idle_queue_claims_only_for_free_slots() {
+        let p = Prefetch::new(100);
+        // 10 slots free, 100 permits of look-ahead unused.
+        assert_eq!(p.demand(110), 10);
+        assert_eq!(p.demand(50), 0);
+    }
+
+    #[test]
+    fn a_busy_queue_claims_ahead_up_to_the_cap() {
+        let p = Prefetch::new(100);
+        for _ in 0..100_000 {
+            p.started();
+        }
+        std::thread::sleep(SAMPLE);
+        assert_eq!(p.ahead(), 100);
+        assert_eq!(p.demand(110), 110);
+    }
+}

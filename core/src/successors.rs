@@ -1,0 +1,142 @@
+//! Successors: rows a node reserved to start the moment a step of the same
+//! key ends, in the slot that step frees, without a round trip in between.
+//! The database side (reservation, promotion, release) is in the handoff
+//! migration; this is the node's bookkeeping.
+
+use crate::outcome::Claimed;
+use std::collections::{HashMap, VecDeque};
+
+#[derive(Default)]
+pub(crate) struct Successors {
+    /// Rows of each key this node holds claimed (running or about to).
+    held: HashMap<String, usize>,
+    /// Reserved rows per key, in the order they were reserved.
+    reserved: HashMap<String, VecDeque<Claimed>>,
+    /// Reserved rows no step of their key is left to hand over to: to give
+    /// back in the next handoff.
+    dangling: Vec<i64>,
+}
+
+impl Successors {
+    /// A claimed row is about to run.
+    pub fn claimed(&mut self, row: &Claimed) {
+        if let Some(k) = &row.concurrency_key {
+            *self.held.entry(k.clone()).or_default() += 1;
+        }
+    }
+
+    /// A reservation came back from the database.
+    pub fn reserved(&mut self, row: Claimed) {
+        match &row.concurrency_key {
+            Some(k) if self.held.contains_key(k) => {
+                self.reserved.entry(k.clone()).or_default().push_back(row);
+            }
+            _ => self.dangling.push(row.id),
+        }
+    }
+
+    /// A step of `row` ended: the successor to start in its slot, if one is
+    /// reserved, already carrying the attempt and shard its promotion gives it.
+    pub fn next(&mut self, row: &Claimed) -> Option<Claimed> {
+        let k = row.concurrency_key.as_ref()?;
+        let queue = self.reserved.get_mut(k);
+        let Some(mut s) = queue.and_then(|q| q.pop_front()) else {
+            self.release(row);
+            return None;
+        };
+        if self.reserved.get(k).is_some_and(|q| q.is_empty()) {
+            self.reserved.remove(k);
+        }
+        s.attempt += 1;
+        s.gate_shard = row.gate_shard;
+        Some(s)
+    }
+
+    /// A claimed row is gone with no successor in its place.
+    pub fn release(&mut self, row: &Claimed) {
+        let Some(k) = &row.concurrency_key else {
+            return;
+        };
+        match self.held.get_mut(k) {
+            Some(n) if *n > 1 => *n -= 1,
+            _ => {
+                self.held.remove(k);
+                if let Some(q) = self.reserved.remove(k) {
+                    self.dangling.extend(q.into_iter().map(|r| r.id));
+                }
+            }
+        }
+    }
+
+    pub fn has_dangling(&self) -> bool {
+        !self.dangling.is_empty()
+    }
+
+    pub fn take_dangling(&mut self) -> Vec<i64> {
+        std::mem::take(&mut self.dangling)
+    }
+
+    /// Give back rows whose release failed, for the next handoff.
+    pub fn restore_dangling(&mut self, ids: Vec<i64>) {
+        self.dangling.extend(ids);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(id: i64, key: Option<&str>, shard: Option<i32>) -> Claimed {
+        Claimed {
+            id,
+            workflow: "w".into(),
+            step: "s".into(),
+            state: serde_json::json!({}),
+            queue: "default".into(),
+            attempt: 0,
+            max_attempts: 20,
+            concurrency_key: key.map(Into::into),
+            gate_shard: shard,
+            rate_key: None,
+            wake: None,
+        }
+    }
+
+    #[test]
+    fn a_successor_takes_the_slot_of_the_step_that_ended() {
+        let mut s = Successors::default();
+        let r = row(1, Some("api:1"), Some(3));
+        s.claimed(&r);
+        s.reserved(row(2, Some("api:1"), None));
+        let next = s.next(&r).expect("a successor");
+        assert_eq!((next.id, next.attempt, next.gate_shard), (2, 1, Some(3)));
+        // The successor holds the key now: its own end releases it.
+        assert!(s.next(&next).is_none());
+        assert!(!s.has_dangling());
+        assert!(s.held.is_empty());
+    }
+
+    #[test]
+    fn reservations_without_a_holder_are_given_back() {
+        let mut s = Successors::default();
+        s.reserved(row(5, Some("acct:1"), None));
+        let r = row(1, Some("acct:2"), None);
+        s.claimed(&r);
+        s.reserved(row(6, Some("acct:2"), None));
+        s.reserved(row(7, Some("acct:2"), None));
+        assert_eq!(s.next(&r).map(|n| n.id), Some(6));
+        // The last holder of acct:2 ends without taking 7.
+        s.release(&row(6, Some("acct:2"), None));
+        assert_eq!(s.take_dangling(), vec![5, 7]);
+        assert!(!s.has_dangling());
+    }
+
+    #[test]
+    fn keyless_rows_have_no_successors() {
+        let mut s = Successors::default();
+        let r = row(1, None, None);
+        s.claimed(&r);
+        assert!(s.next(&r).is_none());
+        assert!(s.held.is_empty());
+    }
+}
