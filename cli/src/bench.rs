@@ -170,7 +170,7 @@ async fn steps(
         .queue("default", concurrency)
         .workflow_fn("Noop", move |_step, state, _ctx| async move {
             if !pause.is_zero() {
-                tokio::time::sleep(pause).await;
+                crate::workload::sleep_exactly(pause).await;
             }
             Ok(Transition::done(state))
         });

@@ -70,6 +70,13 @@ pub async fn run(args: Args) -> Result<()> {
     Ok(())
 }
 
+/// A precise sleep for the benchmark's steps: tokio's timer rounds up to the
+/// next millisecond, which alone would cost a 5 ms step a fifth of its ideal
+/// rate. What is measured is the engine's overhead, not the timer's.
+pub(crate) async fn sleep_exactly(d: Duration) {
+    let _ = tokio::task::spawn_blocking(move || std::thread::sleep(d)).await;
+}
+
 fn now_ns() -> u128 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -122,10 +129,7 @@ async fn engine(
         async move {
             let start = now_ns();
             if !pause.is_zero() {
-                // A precise sleep: tokio's timer rounds up to the next
-                // millisecond, which alone would cost W2 a fifth of its ideal
-                // rate. The engine's overhead is what is measured.
-                let _ = tokio::task::spawn_blocking(move || std::thread::sleep(pause)).await;
+                sleep_exactly(pause).await;
             }
             let key = ctx.concurrency_key.unwrap_or_default();
             rec.lock().unwrap().push((key, start, now_ns()));

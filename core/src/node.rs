@@ -702,6 +702,11 @@ async fn write_and_claim(sh: &Arc<Shared>, batch: &[OutcomeRow]) -> Result<()> {
             let got = h.claimed.iter().filter(|r| r.queue == c.want.queue).count();
             c.wake.picked(c.before, c.want.rows, got);
         }
+        if c.wake.before_pick() != c.before {
+            // Woken while this call held the queue's free slots: the picker
+            // may have found none, and this pick may have missed the rows.
+            c.wake.notify.notify_one();
+        }
     }
     if sh.shutdown.is_cancelled() {
         hand_back(sh, h.claimed);
