@@ -3,7 +3,6 @@
 
 use anyhow::Result;
 use gendurable::{Engine, GateConfig, NewInstance, Transition};
-use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 use std::time::{Duration, Instant};
 
@@ -183,29 +182,8 @@ async fn steps(
             .insert_many(chunk.iter().map(|&i| make(i)).collect())
             .await?;
     }
-    let bar = ProgressBar::new(n as u64);
-    bar.set_style(ProgressStyle::with_template(&format!(
-        "{case:<50} {{bar:30}} {{pos}}/{{len}} {{per_sec}}"
-    ))?);
-    let t = Instant::now();
-    engine.start().await?;
-    loop {
-        let done = engine.stats().snapshot().outcomes;
-        bar.set_position(done);
-        if done >= n as u64 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-    let elapsed = t.elapsed();
-    bar.finish_and_clear();
-    engine.shutdown().await?;
+    let (elapsed, s) = crate::workload::drain(&engine, case, n).await?;
     engine.pool().close().await;
-    let s = engine.stats().snapshot();
-    let note = format!(
-        "{:.1} claims/pick, {:.1} outcomes/batch",
-        s.claimed as f64 / s.picks.max(1) as f64,
-        s.outcomes as f64 / s.outcome_batches.max(1) as f64
-    );
+    let note = crate::workload::amortised(&s);
     Ok(row(case, n, elapsed, "steps/s", &note))
 }

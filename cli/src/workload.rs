@@ -142,8 +142,13 @@ async fn engine(
     Ok(b.build().await?)
 }
 
-/// Start the node and wait until `n` outcomes are written.
-async fn drain(engine: &Engine, what: &str, n: usize) -> Result<Duration> {
+/// Start the node and wait, with a progress bar, until `n` outcomes are
+/// written; shuts the node down and returns the time and its counters.
+pub(crate) async fn drain(
+    engine: &Engine,
+    what: &str,
+    n: usize,
+) -> Result<(Duration, gendurable::StatsSnapshot)> {
     let bar = bar(what, n)?;
     let t = Instant::now();
     engine.start().await?;
@@ -158,17 +163,28 @@ async fn drain(engine: &Engine, what: &str, n: usize) -> Result<Duration> {
     let elapsed = t.elapsed();
     bar.finish_and_clear();
     engine.shutdown().await?;
-    let s = engine.stats().snapshot();
-    eprintln!(
-        "{what}: {} picks, {:.1} claims/pick, {} outcome batches, {:.1} outcomes/batch, {} pick conflicts, {} fenced",
-        s.picks,
+    Ok((elapsed, engine.stats().snapshot()))
+}
+
+/// Node counters: how well the round trips were amortised.
+pub(crate) fn amortised(s: &gendurable::StatsSnapshot) -> String {
+    format!(
+        "{:.1} claims/pick, {:.1} outcomes/call",
         s.claimed as f64 / s.picks.max(1) as f64,
-        s.outcome_batches,
-        s.outcomes as f64 / s.outcome_batches.max(1) as f64,
+        s.outcomes as f64 / s.outcome_batches.max(1) as f64
+    )
+}
+
+/// `drain`, reporting the counters on stderr.
+async fn drain_reported(engine: &Engine, what: &str, n: usize) -> Result<f64> {
+    let (elapsed, s) = drain(engine, what, n).await?;
+    eprintln!(
+        "{what}: {}, {} pick conflicts, {} fenced",
+        amortised(&s),
         s.pick_conflicts,
         s.fenced
     );
-    Ok(elapsed)
+    Ok(elapsed.as_secs_f64())
 }
 
 fn result(workload: &str, n: usize, secs: f64, extra: serde_json::Value) -> serde_json::Value {
@@ -192,7 +208,7 @@ async fn w1(node: &Node, n: usize) -> Result<serde_json::Value> {
         .insert_many((0..n).map(|_| NewInstance::new("Job", json!({}))).collect())
         .await?;
     let insert = t.elapsed().as_secs_f64();
-    let secs = drain(&engine, "w1", n).await?.as_secs_f64();
+    let secs = drain_reported(&engine, "w1", n).await?;
     Ok(result(
         "w1",
         n,
@@ -214,7 +230,7 @@ async fn timed_run(
     let rec = Records::default();
     let engine = engine(node, gate, pause, &rec).await?;
     engine.insert_many((0..n).map(make).collect()).await?;
-    let secs = drain(&engine, what, n).await?.as_secs_f64();
+    let secs = drain_reported(&engine, what, n).await?;
     write_records(record, &rec)?;
     Ok(result(what, n, secs, json!({})))
 }

@@ -215,6 +215,26 @@ async fn next_start(rx: &mut Started) -> (i64, String, Option<String>) {
         .unwrap()
 }
 
+/// A started node running `Ctl` with `concurrency` slots under `gates`, the
+/// test's handle on its steps, and the receiver of their starts.
+async fn ctl_node(
+    schema: &str,
+    concurrency: u32,
+    gates: &[(&str, GateConfig)],
+) -> (Engine, Arc<Gates>, Started) {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let g = Arc::new(Gates {
+        started: tx,
+        release: Arc::new(Notify::new()),
+    });
+    let mut b = support::builder(&support::url(), schema).queue("default", concurrency);
+    for (name, gate) in gates {
+        b = b.concurrency_limit(*name, gate.clone());
+    }
+    let engine = controlled(b, g.clone()).start().await.unwrap();
+    (engine, g, rx)
+}
+
 /// The next step to start is `step` of instance `id`, holding `key`.
 async fn expect_start(rx: &mut Started, id: i64, step: &str, key: Option<&str>) {
     let got = next_start(rx).await;
@@ -223,23 +243,9 @@ async fn expect_start(rx: &mut Started, id: i64, step: &str, key: Option<&str>) 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn release_switch_await_and_prefix_capture() {
-    let url = support::url();
     let schema = support::schema("keys");
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let g = Arc::new(Gates {
-        started: tx,
-        release: Arc::new(Notify::new()),
-    });
-    let engine = controlled(
-        support::builder(&url, &schema)
-            .queue("default", 10)
-            .concurrency_limit("api", GateConfig::new(1))
-            .concurrency_limit("order", GateConfig::new(2)),
-        g.clone(),
-    )
-    .start()
-    .await
-    .unwrap();
+    let gates = [("api", GateConfig::new(1)), ("order", GateConfig::new(2))];
+    let (engine, g, mut rx) = ctl_node(&schema, 10, &gates).await;
     // Release: A releases acct:9 and keeps running; B (acct:9) starts meanwhile.
     let a = ctl(
         &engine,
@@ -486,22 +492,8 @@ async fn unrelated_work_flows_past_saturated_backlogs() {
 /// step completed it); nothing stays reserved.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn successors_take_over_freed_slots() {
-    let url = support::url();
     let schema = support::schema("succ");
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let g = Arc::new(Gates {
-        started: tx,
-        release: Arc::new(Notify::new()),
-    });
-    let engine = controlled(
-        support::builder(&url, &schema)
-            .queue("default", 5)
-            .concurrency_limit("api", GateConfig::new(1)),
-        g.clone(),
-    )
-    .start()
-    .await
-    .unwrap();
+    let (engine, g, mut rx) = ctl_node(&schema, 5, &[("api", GateConfig::new(1))]).await;
     let wait = json!({"plan": {"start": {"wait": true}}});
     let a = ctl(&engine, json!({"plan": {}}), "api:1").await;
     expect_start(&mut rx, a, "start", Some("api:1")).await;
