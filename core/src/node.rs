@@ -5,7 +5,7 @@
 use crate::engine::Inner;
 use crate::error::Result;
 use crate::outcome::{Claimed, OutcomeRow};
-use crate::prefetch::Prefetch;
+use crate::prefetch::{Prefetch, Smoothed};
 use crate::stats::Stats;
 use crate::successors::Successors;
 use crate::transition::{Transition, Wake};
@@ -59,6 +59,8 @@ struct Shared {
     successors: StdMutex<Successors>,
     /// Wakes the writer when reserved rows are to be given back.
     writer_wake: Notify,
+    /// How long a handoff call takes, smoothed.
+    call_time: Smoothed,
     pick: PickParams,
 }
 
@@ -121,6 +123,7 @@ impl Node {
             running: StdMutex::new(HashMap::new()),
             successors: StdMutex::new(Successors::default()),
             writer_wake: Notify::new(),
+            call_time: Smoothed::default(),
             pick,
             inner: inner.clone(),
         });
@@ -199,10 +202,12 @@ impl Shared {
 
     /// Whether keyed rows claimed for `queue` should get successors reserved:
     /// the queue has idle running slots its last pick could not fill, so its
-    /// keys, not the node, are the limit, and their slots should hand over
-    /// without a round trip.
+    /// keys, not the node, are the limit, and its steps last longer than a
+    /// handoff call, so a slot idle for one call is worth saving.
     fn wants_successors(&self, queue: &str) -> bool {
-        self.wakes[queue].is_short() && self.runs[queue].available_permits() > 0
+        self.wakes[queue].is_short()
+            && self.runs[queue].available_permits() > 0
+            && self.prefetch[queue].step_time() > self.call_time.get()
     }
 
     fn wake_all(&self) {
@@ -377,6 +382,7 @@ async fn handoff(
     let reserve: Vec<bool> = demand.iter().map(|d| d.reserve).collect();
     let picks = demand.iter().filter(|d| !d.skip_pick).count();
     Stats::add(&inner.stats.picks, picks as u64);
+    let t = Instant::now();
     let result = sqlx::query(&inner.sql.handoff)
         .bind(sqlx::types::Json(outcomes))
         .bind(&inner.cfg.node_id)
@@ -397,6 +403,7 @@ async fn handoff(
         .bind(&p.rate_tolerances)
         .fetch_all(&inner.pool)
         .await;
+    sh.call_time.add(t.elapsed());
     let rows = match result {
         Ok(rows) => rows,
         Err(e) => {
@@ -508,9 +515,11 @@ fn spawn_step(
         };
         let (step, state) = (row.step.clone(), row.state.clone());
         let wf = workflow.clone();
+        let began = Instant::now();
         let user = tokio::spawn(async move { wf.step(&step, state, ctx).await });
         lock(&sh.running).insert(row.id, user.abort_handle());
         let result = user.await;
+        sh.prefetch[&row.queue].ran(began.elapsed());
         lock(&sh.running).remove(&row.id);
         let cfg = &sh.inner.cfg;
         let mut outcome = match result {

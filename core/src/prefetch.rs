@@ -16,6 +16,30 @@ pub(crate) struct Prefetch {
     cap: usize,
     started: AtomicU64,
     estimate: Mutex<Estimate>,
+    /// How long the queue's steps run, smoothed (microseconds).
+    step_micros: Smoothed,
+}
+
+/// A smoothed duration, updated without a lock (a lost update under a race
+/// only delays the average).
+#[derive(Default)]
+pub(crate) struct Smoothed(AtomicU64);
+
+impl Smoothed {
+    pub fn add(&self, d: Duration) {
+        let sample = d.as_micros().min(u64::MAX as u128) as u64;
+        let old = self.0.load(Relaxed);
+        let new = if old == 0 {
+            sample
+        } else {
+            (old * 7 + sample) / 8
+        };
+        self.0.store(new.max(1), Relaxed);
+    }
+
+    pub fn get(&self) -> Duration {
+        Duration::from_micros(self.0.load(Relaxed))
+    }
 }
 
 struct Estimate {
@@ -34,7 +58,18 @@ impl Prefetch {
                 started: 0,
                 per_sec: 0.0,
             }),
+            step_micros: Smoothed::default(),
         }
+    }
+
+    /// A step of the queue ran for `d`.
+    pub fn ran(&self, d: Duration) {
+        self.step_micros.add(d);
+    }
+
+    /// How long the queue's steps run, smoothed.
+    pub fn step_time(&self) -> Duration {
+        self.step_micros.get()
     }
 
     /// A step of the queue started.

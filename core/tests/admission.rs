@@ -495,10 +495,8 @@ async fn successors_take_over_freed_slots() {
     let schema = support::schema("succ");
     let (engine, g, mut rx) = ctl_node(&schema, 5, &[("api", GateConfig::new(1))]).await;
     let wait = json!({"plan": {"start": {"wait": true}}});
-    let a = ctl(&engine, json!({"plan": {}}), "api:1").await;
+    let a = ctl(&engine, wait.clone(), "api:1").await;
     expect_start(&mut rx, a, "start", Some("api:1")).await;
-    support::wait_status(&engine, a, Status::Completed).await;
-    // A's pick came back short with running slots idle: B's claim reserves C.
     let row = |plan: serde_json::Value| NewInstance::new("Ctl", plan).concurrency_key("api:1");
     let ids = engine
         .insert_many(vec![
@@ -509,6 +507,11 @@ async fn successors_take_over_freed_slots() {
         .await
         .unwrap();
     let (b, c, d) = (ids[0], ids[1], ids[2]);
+    // Successors pay off for steps that outlast a handoff call: A's does
+    // (its length is the condition here, not a synchronisation).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    g.release.notify_one();
+    // The gate is full and running slots are idle: B's claim reserves C.
     expect_start(&mut rx, b, "start", Some("api:1")).await;
     let reserved = |id: i64| {
         let (pool, schema) = (engine.pool().clone(), schema.clone());
