@@ -383,6 +383,7 @@ async fn handoff(
     let picks = demand.iter().filter(|d| !d.skip_pick).count();
     Stats::add(&inner.stats.picks, picks as u64);
     let t = Instant::now();
+    let mark = lock(&sh.successors).mark();
     let result = sqlx::query(&inner.sql.handoff)
         .bind(sqlx::types::Json(outcomes))
         .bind(&inner.cfg.node_id)
@@ -433,7 +434,7 @@ async fn handoff(
             s.claimed(row);
         }
         for row in reserved {
-            s.reserved(row);
+            s.reserved(row, mark);
         }
     });
     Stats::add(&inner.stats.claimed, h.claimed.len() as u64);

@@ -15,6 +15,12 @@ pub(crate) struct Successors {
     /// Reserved rows no step of their key is left to hand over to: to give
     /// back in the next handoff.
     dangling: Vec<i64>,
+    /// Counts steps of a key that ended with no successor (their slot is
+    /// credited back), and the count at each key's latest such end: a
+    /// reservation made before that end arrives too late to take the slot,
+    /// and is given back so a pick can admit its row into the free slot.
+    ends: u64,
+    last_free: HashMap<String, u64>,
 }
 
 impl Successors {
@@ -25,10 +31,18 @@ impl Successors {
         }
     }
 
-    /// A reservation came back from the database.
-    pub fn reserved(&mut self, row: Claimed) {
+    /// Call before a handoff; pass the result to `reserved`.
+    pub fn mark(&self) -> u64 {
+        self.ends
+    }
+
+    /// A reservation came back from a handoff that started at `mark`.
+    pub fn reserved(&mut self, row: Claimed, mark: u64) {
         match &row.concurrency_key {
-            Some(k) if self.held.contains_key(k) => {
+            Some(k)
+                if self.held.contains_key(k)
+                    && self.last_free.get(k).is_none_or(|&at| at <= mark) =>
+            {
                 self.reserved.entry(k.clone()).or_default().push_back(row);
             }
             _ => self.dangling.push(row.id),
@@ -41,6 +55,8 @@ impl Successors {
         let k = row.concurrency_key.as_ref()?;
         let queue = self.reserved.get_mut(k);
         let Some(mut s) = queue.and_then(|q| q.pop_front()) else {
+            self.ends += 1;
+            self.last_free.insert(k.clone(), self.ends);
             self.release(row);
             return None;
         };
@@ -61,6 +77,7 @@ impl Successors {
             Some(n) if *n > 1 => *n -= 1,
             _ => {
                 self.held.remove(k);
+                self.last_free.remove(k);
                 if let Some(q) = self.reserved.remove(k) {
                     self.dangling.extend(q.into_iter().map(|r| r.id));
                 }
@@ -107,7 +124,7 @@ mod tests {
         let mut s = Successors::default();
         let r = row(1, Some("api:1"), Some(3));
         s.claimed(&r);
-        s.reserved(row(2, Some("api:1"), None));
+        s.reserved(row(2, Some("api:1"), None), s.mark());
         let next = s.next(&r).expect("a successor");
         assert_eq!((next.id, next.attempt, next.gate_shard), (2, 1, Some(3)));
         // The successor holds the key now: its own end releases it.
@@ -119,16 +136,35 @@ mod tests {
     #[test]
     fn reservations_without_a_holder_are_given_back() {
         let mut s = Successors::default();
-        s.reserved(row(5, Some("acct:1"), None));
+        s.reserved(row(5, Some("acct:1"), None), s.mark());
         let r = row(1, Some("acct:2"), None);
         s.claimed(&r);
-        s.reserved(row(6, Some("acct:2"), None));
-        s.reserved(row(7, Some("acct:2"), None));
+        s.reserved(row(6, Some("acct:2"), None), s.mark());
+        s.reserved(row(7, Some("acct:2"), None), s.mark());
         assert_eq!(s.next(&r).map(|n| n.id), Some(6));
         // The last holder of acct:2 ends without taking 7.
         s.release(&row(6, Some("acct:2"), None));
         assert_eq!(s.take_dangling(), vec![5, 7]);
         assert!(!s.has_dangling());
+    }
+
+    #[test]
+    fn a_reservation_late_for_a_freed_slot_is_given_back() {
+        let mut s = Successors::default();
+        let (a, b) = (
+            row(1, Some("api:1"), Some(0)),
+            row(2, Some("api:1"), Some(1)),
+        );
+        s.claimed(&a);
+        s.claimed(&b);
+        let mark = s.mark();
+        // A ends with no successor while the reserving call is in flight.
+        assert!(s.next(&a).is_none());
+        s.reserved(row(3, Some("api:1"), None), mark);
+        assert_eq!(s.take_dangling(), vec![3]);
+        // A reservation made after that end is kept for B.
+        s.reserved(row(4, Some("api:1"), None), s.mark());
+        assert_eq!(s.next(&b).map(|n| n.id), Some(4));
     }
 
     #[test]
