@@ -41,7 +41,7 @@ impl Successors {
         match &row.concurrency_key {
             Some(k)
                 if self.held.contains_key(k)
-                    && self.last_free.get(k).is_none_or(|&at| at <= mark) =>
+                    && self.last_free.get(k).map_or(true, |&at| at <= mark) =>
             {
                 self.reserved.entry(k.clone()).or_default().push_back(row);
             }
