@@ -169,9 +169,10 @@ pub(crate) async fn drain(
 /// Node counters: how well the round trips were amortised.
 pub(crate) fn amortised(s: &gendurable::StatsSnapshot) -> String {
     format!(
-        "{:.1} claims/pick, {:.1} outcomes/call",
-        s.claimed as f64 / s.picks.max(1) as f64,
-        s.outcomes as f64 / s.outcome_batches.max(1) as f64
+        "{:.1} claims/pick, {:.1} outcomes/call, {:.0} % handed over",
+        (s.claimed - s.handed_over) as f64 / s.picks.max(1) as f64,
+        s.outcomes as f64 / s.outcome_batches.max(1) as f64,
+        100.0 * s.handed_over as f64 / s.claimed.max(1) as f64
     )
 }
 

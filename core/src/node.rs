@@ -560,11 +560,10 @@ fn spawn_step(
                 spawn_step(&sh, next, claim, Some(run), Some(promoted));
             }
             None => {
-                // Free the slots before the outcome is queued, so that the
-                // writer, which claims for free slots in the outcome's own
-                // call, sees them.
+                // The claim slot goes with the outcome: the call that records
+                // it claims into that slot (or hands the key over).
                 drop(run);
-                drop(claim);
+                outcome.slot = Some(Arc::new(claim));
             }
         }
         // A successor's outcome needs its promotion written first.
@@ -640,7 +639,9 @@ async fn write_outcomes(
         }
         let sh = sh.clone();
         inflight.spawn(async move {
-            if let Err(e) = write_and_claim(&sh, &batch).await {
+            let mut batch = batch;
+            let carried = carried_slots(&mut batch);
+            if let Err(e) = write_and_claim(&sh, &batch, carried).await {
                 tracing::debug!(error = %e, "outcome and claim in one call failed; writing the outcomes alone");
                 write_batch(&sh, batch, None).await;
             }
@@ -651,7 +652,28 @@ async fn write_outcomes(
 /// The fast path: write a batch of outcomes and, in the same statement,
 /// claim rows for every free slot of the batch's queues. Slots and keys the
 /// outcomes free go to the next rows with one round trip and one commit.
-async fn write_and_claim(sh: &Arc<Shared>, batch: &[OutcomeRow]) -> Result<()> {
+/// The claim slots a batch's outcomes carry, merged per queue.
+fn carried_slots(batch: &mut [OutcomeRow]) -> HashMap<String, OwnedSemaphorePermit> {
+    let mut carried: HashMap<String, OwnedSemaphorePermit> = HashMap::new();
+    for o in batch {
+        let Some(slot) = o.slot.take().and_then(|s| Arc::try_unwrap(s).ok()) else {
+            continue;
+        };
+        match carried.get_mut(&o.queue) {
+            Some(p) => p.merge(slot),
+            None => {
+                carried.insert(o.queue.clone(), slot);
+            }
+        }
+    }
+    carried
+}
+
+async fn write_and_claim(
+    sh: &Arc<Shared>,
+    batch: &[OutcomeRow],
+    mut carried: HashMap<String, OwnedSemaphorePermit>,
+) -> Result<()> {
     struct Claim<'a> {
         want: Demand<'a>,
         wake: &'a QueueWake,
@@ -666,26 +688,31 @@ async fn write_and_claim(sh: &Arc<Shared>, batch: &[OutcomeRow]) -> Result<()> {
             .iter()
             .filter(|(q, _)| batch.iter().any(|o| &o.queue == *q))
         {
-            // Even with no free slot (a picker may hold them) the queue is
-            // listed: the successors promoted here get their own reserved.
-            let free = sh.prefetch[queue].demand(slots.available_permits());
-            let (free, permits) = match slots.clone().try_acquire_many_owned(free as u32) {
-                Ok(p) => (free, p),
-                Err(_) => (
-                    0,
-                    slots
-                        .clone()
-                        .try_acquire_many_owned(0)
-                        .expect("zero permits"),
-                ),
-            };
+            // The slots the outcomes carry, and as many free ones as the
+            // prefetch wants on top. Even with none (a picker may hold the
+            // free ones) the queue is listed: the successors promoted here
+            // get their own reserved.
+            let mut permits = carried.remove(queue.as_str()).unwrap_or_else(|| {
+                slots
+                    .clone()
+                    .try_acquire_many_owned(0)
+                    .expect("zero permits")
+            });
+            let own = permits.num_permits();
+            let want = sh.prefetch[queue].demand(slots.available_permits() + own);
+            if want > own {
+                if let Ok(more) = slots.clone().try_acquire_many_owned((want - own) as u32) {
+                    permits.merge(more);
+                }
+            }
+            let free = permits.num_permits();
             let wake = &*sh.wakes[queue];
-            let mine = || batch.iter().filter(|o| &o.queue == queue);
             // A pick can only find something new if these outcomes made a row
-            // runnable or freed a key or slot that no successor took over, or
-            // if rate limits refilled meanwhile.
+            // runnable, or if rate limits refilled meanwhile. In a dry queue
+            // the keys and slots they free are handed over to their keys'
+            // next rows in the call; one nobody takes wakes the queues after.
             let nothing_new = sh.pick.rate_names.is_empty()
-                && mine().all(|o| !o.runnable_now() && (o.hkey.is_none() || o.next.is_some()));
+                && batch.iter().all(|o| &o.queue != queue || !o.runnable_now());
             claims.push(Claim {
                 want: Demand {
                     queue,
@@ -708,8 +735,10 @@ async fn write_and_claim(sh: &Arc<Shared>, batch: &[OutcomeRow]) -> Result<()> {
         sh.wake_all();
     }
     for c in &claims {
-        if !c.want.skip_pick && c.want.rows > 0 {
-            let got = h.claimed.iter().filter(|r| r.queue == c.want.queue).count();
+        let got = h.claimed.iter().filter(|r| r.queue == c.want.queue).count();
+        if c.want.skip_pick {
+            Stats::add(&sh.inner.stats.handed_over, got as u64);
+        } else if c.want.rows > 0 {
             c.wake.picked(c.before, c.want.rows, got);
         }
         if c.wake.before_pick() != c.before {

@@ -54,6 +54,10 @@ pub(crate) struct OutcomeRow {
     /// written: the successor's own outcome waits for that.
     #[serde(skip)]
     pub written: Option<std::sync::Arc<tokio::sync::oneshot::Sender<()>>>,
+    /// The claim's slot, carried to the writer so that the call recording
+    /// this outcome can claim into it (a picker cannot take it meanwhile).
+    #[serde(skip)]
+    pub slot: Option<std::sync::Arc<tokio::sync::OwnedSemaphorePermit>>,
     #[serde(skip)]
     pub max_attempts: i32,
     #[serde(skip)]
@@ -83,6 +87,7 @@ impl OutcomeRow {
             gshard: c.gate_shard,
             next: None,
             written: None,
+            slot: None,
             max_attempts: c.max_attempts,
             step_name: c.step.clone(),
             queue: c.queue.clone(),

@@ -14,6 +14,7 @@ pub struct Stats {
     pub(crate) fenced: AtomicU64,
     pub(crate) rescued: AtomicU64,
     pub(crate) released: AtomicU64,
+    pub(crate) handed_over: AtomicU64,
 }
 
 /// A copy of the counters at one moment.
@@ -37,6 +38,9 @@ pub struct StatsSnapshot {
     pub rescued: u64,
     /// Claimed rows handed back unstarted at shutdown.
     pub released: u64,
+    /// Rows claimed without a pick: a key or gate slot an outcome freed in
+    /// a dry queue went straight to the key's next row (also in `claimed`).
+    pub handed_over: u64,
 }
 
 impl Stats {
@@ -52,6 +56,7 @@ impl Stats {
             fenced: self.fenced.load(Relaxed),
             rescued: self.rescued.load(Relaxed),
             released: self.released.load(Relaxed),
+            handed_over: self.handed_over.load(Relaxed),
         }
     }
 

@@ -88,13 +88,17 @@ async fn three_nodes_never_over_admit() {
         max["api:1"] > 1 && max["big:1"] > 1,
         "gated keys did run in parallel: {max:?}"
     );
-    let mut claimed = 0;
+    let (mut claimed, mut handed) = (0, 0);
     for e in &nodes {
         let s = e.stats().snapshot();
         assert_eq!(s.pick_errors, 0, "{s:?}");
         claimed += s.claimed;
+        handed += s.handed_over;
     }
     assert_eq!(claimed as i64, n, "no wasted or repeated claims");
+    // The saturated backlogs made queues dry: freed keys and slots went
+    // straight to their next rows, and the limits above held throughout.
+    assert!(handed > 0, "no key or slot was handed over");
     // Idle now: the reconciler leaves no counter below capacity.
     nodes[0].reconcile_gates_now().await.unwrap();
     for g in nodes[0].status().await.unwrap().gates {
@@ -545,4 +549,30 @@ async fn successors_take_over_freed_slots() {
     let gate = &engine.status().await.unwrap().gates[0];
     assert_eq!((gate.in_flight, gate.available), (0, 1));
     engine.shutdown().await.unwrap();
+}
+
+/// One node working through deep backlogs of K = 1 keys: once a pick comes
+/// back short, each freed key goes to its next row in the call that records
+/// the outcome, and no key ever runs twice at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn freed_keys_go_to_their_next_rows() {
+    let url = support::url();
+    let schema = support::schema("handover");
+    let obs = Observer::new(&url, &schema).await;
+    let node = observed_node(&url, &schema, obs.clone(), &[]).await;
+    let news: Vec<_> = (0..600)
+        .map(|i| NewInstance::new("Obs", json!({})).concurrency_key(("acct", i % 20)))
+        .collect();
+    node.insert_many(news).await.unwrap();
+    support::wait_count(node.pool(), &schema, "completed", 600).await;
+    let max = obs.max_per_key().await;
+    assert_eq!(max.len(), 20);
+    assert!(
+        max.values().all(|&m| m == 1),
+        "a K = 1 key overlapped: {max:?}"
+    );
+    let s = node.stats().snapshot();
+    assert_eq!(s.claimed, 600, "{s:?}");
+    assert!(s.handed_over > 0, "no key was handed over: {s:?}");
+    node.shutdown().await.unwrap();
 }

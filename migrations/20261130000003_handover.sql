@@ -1,0 +1,274 @@
+-- Handovers: a key or gate slot an outcome frees goes straight to the next
+-- row of its key in the same call when the queue is dry (the caller's last
+-- pick came back short and nothing new has come since). Without it a node
+-- working through busy K = 1 keys or a saturated gate walked the whole
+-- backlog of held keys in the pick's window on every call, to find the one
+-- row each freed key made runnable.
+--
+-- handoff() keeps its signature; `released` now counts the freed keys still
+-- free at the end of the call, after the handover and the pick, so a key the
+-- pick took again wakes nobody.
+
+-- A key's next rows in claim order, for the handover and the reservation of
+-- successors. Their queries name the queue as `queue || ''`, which no index
+-- matches: with `queue = $` the generic plan, made while the table has no
+-- statistics yet, may take instances_pick instead and walk the queue's whole
+-- backlog for each key.
+DROP INDEX instances_key_next;
+CREATE INDEX instances_key_next ON instances (concurrency_key, priority, scheduled_at, id)
+    WHERE status = 'available' AND concurrency_key IS NOT NULL;
+
+CREATE OR REPLACE FUNCTION handoff(outcomes jsonb, node_id text, channel text, notify boolean,
+                        queues text[], demands integer[], skip_pick boolean[], reserve boolean[],
+                        unreserve bigint[], win_factor float8, workflows text[],
+                        gate_names text[], gate_limits integer[], gate_shards integer[],
+                        rate_names text[], rate_intervals float8[], rate_tolerances float8[])
+RETURNS TABLE (claimed claim, reserved boolean, written integer, released integer)
+LANGUAGE plpgsql VOLATILE
+SET search_path FROM CURRENT
+SET plan_cache_mode = force_generic_plan
+AS $$
+#variable_conflict use_column
+DECLARE
+    n_written integer := 0;
+    n_unreserved integer := 0;
+    n_free integer := 0;
+    -- What the applied outcomes freed: the key each claim held, its gate shard
+    -- (NULL for K = 1), queue, and the successor started in its place.
+    f_key text[];
+    f_shard integer[];
+    f_queue text[];
+    f_next bigint[];
+    -- Successors promoted into freed slots.
+    t_key text[];
+    t_shard integer[];
+    -- Keyed rows that want a successor reserved.
+    w_key text[];
+    w_queue text[];
+    -- Rows the freed keys and slots were handed over to.
+    h_id bigint[];
+    q integer;
+BEGIN
+    IF jsonb_array_length(outcomes) > 0 THEN
+        WITH o AS (
+            SELECT * FROM jsonb_to_recordset(outcomes) AS o(
+                id bigint, attempt integer, kind text, status text, step text, state jsonb,
+                set_key boolean, ckey text, rkey text, delay float8, until timestamptz,
+                signal text, error jsonb, hkey text, gshard integer, next bigint)
+        ), upd AS (
+            UPDATE instances i SET
+                status = CASE WHEN i.cancel_requested AND o.status NOT IN ('completed', 'cancelled', 'discarded')
+                              THEN 'cancelled' ELSE o.status END,
+                step = coalesce(o.step, i.step),
+                state = coalesce(o.state, i.state),
+                concurrency_key = CASE WHEN o.set_key THEN o.ckey ELSE i.concurrency_key END,
+                rate_key = CASE WHEN o.kind IN ('snooze', 'error', 'release') THEN i.rate_key ELSE o.rkey END,
+                attempt = CASE o.kind WHEN 'error' THEN i.attempt
+                                      WHEN 'snooze' THEN i.attempt - 1
+                                      WHEN 'release' THEN i.attempt - 1
+                                      ELSE 0 END,
+                -- The wake stays visible to a retry of the same step.
+                wake = CASE WHEN o.kind IN ('snooze', 'error', 'release') THEN i.wake END,
+                scheduled_at = CASE WHEN o.status = 'scheduled' THEN now() + make_interval(secs => o.delay)
+                                    ELSE now() END,
+                await_signal = o.signal,
+                await_until = CASE WHEN o.status = 'awaiting'
+                                   THEN least(o.until, now() + make_interval(secs => o.delay)) END,
+                errors = CASE WHEN o.error IS NULL THEN i.errors
+                              ELSE i.errors || jsonb_build_array(o.error || jsonb_build_object('at', now())) END,
+                finished_at = CASE WHEN o.status IN ('completed', 'cancelled', 'discarded')
+                                     OR (i.cancel_requested AND o.status NOT IN ('completed'))
+                                   THEN now() END,
+                node = NULL,
+                gate_shard = NULL
+            FROM o
+            WHERE i.id = o.id AND i.status = 'executing' AND i.node = node_id AND i.attempt = o.attempt
+            RETURNING i.queue, o.hkey, o.gshard, o.next
+        )
+        SELECT count(*)::integer,
+               array_agg(u.hkey) FILTER (WHERE u.hkey IS NOT NULL),
+               array_agg(u.gshard) FILTER (WHERE u.hkey IS NOT NULL),
+               array_agg(u.queue) FILTER (WHERE u.hkey IS NOT NULL),
+               array_agg(u.next) FILTER (WHERE u.hkey IS NOT NULL)
+        INTO n_written, f_key, f_shard, f_queue, f_next
+        FROM upd u;
+    END IF;
+
+    -- Promote the successors started in freed slots: each takes its
+    -- predecessor's shard (its key is the same), so no counter changes. The
+    -- predecessor left 'executing' in the statement above, so the K = 1 index
+    -- sees one executing row per key throughout.
+    IF f_next IS NOT NULL THEN
+        WITH p AS (
+            SELECT p.id, p.shard FROM unnest(f_next, f_shard) AS p(id, shard) WHERE p.id IS NOT NULL
+        ), promoted AS (
+            UPDATE instances i
+            SET status = 'executing', attempt = i.attempt + 1, attempted_at = now(), gate_shard = p.shard
+            FROM p
+            WHERE i.id = p.id AND i.status = 'available' AND i.node = node_id
+            RETURNING i.concurrency_key, i.gate_shard
+        )
+        SELECT array_agg(concurrency_key), array_agg(gate_shard)
+        INTO t_key, t_shard
+        FROM promoted;
+    END IF;
+
+    -- Hand the keys and slots no successor took over to the next row of the
+    -- same key in the same queue, in queues the caller marked dry (skip_pick):
+    -- its last pick found nothing else to run and nothing new has come since,
+    -- so these rows are the best it could claim. A key's rows are reached
+    -- through its own index entries, however deep the backlog behind it: the
+    -- pick's window would walk every row of every held key to learn the same.
+    -- Rows under a configured rate limit are left to the pick. A handed-over
+    -- row takes the freed gate shard, so no counter changes; a K = 1 key is
+    -- taken through claim_key, which a concurrent pick may win.
+    IF f_key IS NOT NULL AND true = ANY (skip_pick) THEN
+        WITH slot AS (
+            SELECT f.key, f.shard, f.queue, count(*)::integer AS n
+            FROM unnest(f_key, f_shard, f_queue, f_next) AS f(key, shard, queue, next)
+            WHERE f.next IS NULL AND skip_pick[array_position(queues, f.queue)]
+            GROUP BY 1, 2, 3
+        ), cand AS MATERIALIZED (
+            SELECT s.key, s.shard, s.queue, c.id, c.priority, c.scheduled_at
+            FROM slot s CROSS JOIN LATERAL (
+                SELECT i.id, i.priority, i.scheduled_at FROM instances i
+                WHERE i.concurrency_key = s.key AND i.queue || '' = s.queue AND i.status = 'available'
+                  AND i.node IS NULL AND i.workflow = ANY (workflows)
+                  AND (i.rate_key IS NULL
+                       OR array_position(rate_names, split_part(i.rate_key, ':', 1)) IS NULL)
+                ORDER BY i.priority, i.scheduled_at, i.id
+                LIMIT s.n
+                FOR UPDATE SKIP LOCKED) c
+        ), chosen AS MATERIALIZED (
+            SELECT c.id, c.shard FROM (
+                SELECT c.*, row_number() OVER (PARTITION BY c.queue
+                                               ORDER BY c.priority, c.scheduled_at, c.id) AS qn
+                FROM cand c) c
+            WHERE c.qn <= demands[array_position(queues, c.queue)]
+              AND (c.shard IS NOT NULL OR claim_key(c.key))
+        ), handed AS (
+            UPDATE instances i
+            SET status = 'executing', node = node_id, attempt = i.attempt + 1, attempted_at = now(),
+                gate_shard = c.shard
+            FROM chosen c
+            WHERE i.id = c.id
+            RETURNING i.id, i.concurrency_key, i.gate_shard
+        )
+        SELECT array_agg(id), coalesce(t_key, '{}') || array_agg(concurrency_key),
+               coalesce(t_shard, '{}') || array_agg(gate_shard)
+        INTO h_id, t_key, t_shard
+        FROM handed;
+    END IF;
+
+    IF cardinality(unreserve) > 0 THEN
+        n_unreserved := release_reserved(node_id, unreserve);
+    END IF;
+
+    -- Credit the gate slots no successor took over, each to the shard it came
+    -- from, locking the counters in key order. Values come from the locked
+    -- version (see the pick); least(): never above capacity.
+    IF f_key IS NOT NULL THEN
+        WITH freed AS (
+            SELECT key, shard, count(*)::integer AS n FROM unnest(f_key, f_shard) AS f(key, shard)
+            WHERE shard IS NOT NULL GROUP BY 1, 2
+        ), taken AS (
+            SELECT key, shard, count(*)::integer AS n FROM unnest(t_key, t_shard) AS t(key, shard)
+            WHERE shard IS NOT NULL GROUP BY 1, 2
+        ), credit AS (
+            SELECT f.key, f.shard, f.n - coalesce(t.n, 0) AS n
+            FROM freed f LEFT JOIN taken t ON t.key = f.key AND t.shard = f.shard
+            WHERE f.n > coalesce(t.n, 0)
+        ), locked AS (
+            SELECT g.key, g.shard, g.available, g.capacity, c.n FROM gate_slots g
+            JOIN credit c ON c.key = g.key AND c.shard = g.shard
+            ORDER BY g.key, g.shard
+            FOR UPDATE OF g
+        )
+        UPDATE gate_slots g SET available = least(l.available + l.n, l.capacity)
+        FROM locked l
+        WHERE g.key = l.key AND g.shard = l.shard;
+    END IF;
+
+    IF h_id IS NOT NULL THEN
+        RETURN QUERY
+        SELECT (i.id, i.workflow, i.step, i.state, i.queue, i.priority, i.attempt, i.max_attempts,
+                i.concurrency_key, i.gate_shard, i.rate_key, i.wake)::claim, false, NULL::integer,
+               NULL::integer
+        FROM instances i WHERE i.id = ANY (h_id);
+    END IF;
+
+    -- Claim for the demand, queue by queue.
+    FOR q IN 1 .. coalesce(cardinality(queues), 0) LOOP
+        IF demands[q] > 0 AND NOT skip_pick[q] THEN
+            RETURN QUERY
+            SELECT p, false, NULL::integer, NULL::integer
+            FROM pick(queues[q], demands[q], ceil(demands[q] * win_factor)::integer + 8,
+                      workflows, node_id, gate_names, gate_limits, gate_shards,
+                      rate_names, rate_intervals, rate_tolerances) p;
+        END IF;
+    END LOOP;
+
+    -- The keyed rows claimed or promoted just now (this transaction's
+    -- timestamp) in queues that reserve.
+    IF true = ANY (reserve) THEN
+        SELECT coalesce(array_agg(i.concurrency_key), '{}'), coalesce(array_agg(i.queue), '{}')
+        INTO w_key, w_queue
+        FROM instances i
+        WHERE i.status = 'executing' AND i.node = node_id AND i.attempted_at = now()
+          AND i.concurrency_key IS NOT NULL AND reserve[array_position(queues, i.queue)]
+          AND (i.rate_key IS NULL
+               OR array_position(rate_names, split_part(i.rate_key, ':', 1)) IS NULL);
+    END IF;
+
+    -- Reserve a successor per keyed row that wants one: the next runnable rows
+    -- of its key and queue nobody holds. Only for keys that are full (K = 1,
+    -- or a gate with no slot left): a row a free slot could admit now is left
+    -- to the pick. Rows under a configured rate limit are left to the pick,
+    -- which checks the limit.
+    IF cardinality(w_key) > 0 THEN
+        RETURN QUERY
+        WITH w AS (
+            SELECT k.key, k.queue, count(*)::integer AS n
+            FROM unnest(w_key, w_queue) AS k(key, queue)
+            WHERE NOT EXISTS (SELECT 1 FROM gate_slots s WHERE s.key = k.key AND s.available > 0)
+            GROUP BY 1, 2
+        ), nxt AS (
+            SELECT n.id FROM w CROSS JOIN LATERAL (
+                SELECT i.id FROM instances i
+                WHERE i.concurrency_key = w.key AND i.queue || '' = w.queue AND i.status = 'available'
+                  AND i.node IS NULL AND i.workflow = ANY (workflows)
+                  AND (i.rate_key IS NULL
+                       OR array_position(rate_names, split_part(i.rate_key, ':', 1)) IS NULL)
+                ORDER BY i.priority, i.scheduled_at, i.id
+                LIMIT w.n
+                FOR UPDATE SKIP LOCKED) n
+        )
+        UPDATE instances i SET node = node_id
+        FROM nxt
+        WHERE i.id = nxt.id
+        RETURNING (i.id, i.workflow, i.step, i.state, i.queue, i.priority, i.attempt, i.max_attempts,
+                   i.concurrency_key, i.gate_shard, i.rate_key, i.wake)::claim, true, NULL::integer,
+                  NULL::integer;
+    END IF;
+
+    -- The keys the outcomes freed that are still free now that this call has
+    -- handed over and claimed: rows waiting for them may sit in any queue, on
+    -- any node, so wake the other nodes ('*' and the sender), and tell the
+    -- caller. Only when other nodes are alive (a lone node claims for itself;
+    -- one that starts meanwhile polls until our next heartbeat sees it).
+    IF f_key IS NOT NULL THEN
+        SELECT count(*)::integer INTO n_free
+        FROM (SELECT DISTINCT f.key, f.shard IS NULL AS k1 FROM unnest(f_key, f_shard) AS f(key, shard)) f
+        WHERE CASE WHEN f.k1
+                   THEN NOT EXISTS (SELECT 1 FROM instances e
+                                    WHERE e.status = 'executing' AND e.gate_shard IS NULL
+                                      AND e.concurrency_key = f.key)
+                   ELSE EXISTS (SELECT 1 FROM gate_slots s WHERE s.key = f.key AND s.available > 0)
+              END;
+    END IF;
+    IF notify AND n_free + n_unreserved > 0 THEN
+        PERFORM pg_notify(channel, '*' || node_id);
+    END IF;
+    RETURN QUERY SELECT NULL::claim, NULL::boolean, n_written, n_free + n_unreserved;
+END
+$$;
