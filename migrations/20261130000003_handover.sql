@@ -1,13 +1,13 @@
 -- Handovers: a key or gate slot an outcome frees goes straight to the next
--- row of its key in the same call when the queue is dry (the caller's last
--- pick came back short and nothing new has come since). Without it a node
--- working through busy K = 1 keys or a saturated gate walked the whole
+-- row of its key in the same call, when the node has room for it. Without it
+-- a node working through busy K = 1 keys or a saturated gate walked the whole
 -- backlog of held keys in the pick's window on every call, to find the one
 -- row each freed key made runnable.
 --
--- handoff() keeps its signature; `released` now counts the freed keys still
--- free at the end of the call, after the handover and the pick, so a key the
--- pick took again wakes nobody.
+-- handoff() takes the parameters documented in 20261130000002 and now also
+-- returns, in its header row, how many rows were handed over and which freed
+-- keys are still free at the end of the call, after the handover and the pick
+-- (`released` counts them), so a key the pick took again wakes nobody.
 
 -- A key's next rows in claim order, for the handover and the reservation of
 -- successors. Their queries name the queue as `queue || ''`, which no index
@@ -18,12 +18,16 @@ DROP INDEX instances_key_next;
 CREATE INDEX instances_key_next ON instances (concurrency_key, priority, scheduled_at, id)
     WHERE status = 'available' AND concurrency_key IS NOT NULL;
 
-CREATE OR REPLACE FUNCTION handoff(outcomes jsonb, node_id text, channel text, notify boolean,
+DROP FUNCTION handoff(jsonb, text, text, boolean, text[], integer[], boolean[], boolean[], bigint[],
+                      float8, text[], text[], integer[], integer[], text[], float8[], float8[]);
+
+CREATE FUNCTION handoff(outcomes jsonb, node_id text, channel text, notify boolean,
                         queues text[], demands integer[], skip_pick boolean[], reserve boolean[],
                         unreserve bigint[], win_factor float8, workflows text[],
                         gate_names text[], gate_limits integer[], gate_shards integer[],
                         rate_names text[], rate_intervals float8[], rate_tolerances float8[])
-RETURNS TABLE (claimed claim, reserved boolean, written integer, released integer)
+RETURNS TABLE (claimed claim, reserved boolean, written integer, released integer,
+               handed_over integer, released_keys text[])
 LANGUAGE plpgsql VOLATILE
 SET search_path FROM CURRENT
 SET plan_cache_mode = force_generic_plan
@@ -32,7 +36,8 @@ AS $$
 DECLARE
     n_written integer := 0;
     n_unreserved integer := 0;
-    n_free integer := 0;
+    -- The freed keys still free at the end.
+    r_key text[] := '{}';
     -- What the applied outcomes freed: the key each claim held, its gate shard
     -- (NULL for K = 1), queue, and the successor started in its place.
     f_key text[];
@@ -47,6 +52,8 @@ DECLARE
     w_queue text[];
     -- Rows the freed keys and slots were handed over to.
     h_id bigint[];
+    h_queue text[];
+    d integer;
     q integer;
 BEGIN
     IF jsonb_array_length(outcomes) > 0 THEN
@@ -113,20 +120,21 @@ BEGIN
         FROM promoted;
     END IF;
 
-    -- Hand the keys and slots no successor took over to the next row of the
-    -- same key in the same queue, in queues the caller marked dry (skip_pick):
-    -- its last pick found nothing else to run and nothing new has come since,
-    -- so these rows are the best it could claim. A key's rows are reached
-    -- through its own index entries, however deep the backlog behind it: the
-    -- pick's window would walk every row of every held key to learn the same.
-    -- Rows under a configured rate limit are left to the pick. A handed-over
-    -- row takes the freed gate shard, so no counter changes; a K = 1 key is
-    -- taken through claim_key, which a concurrent pick may win.
-    IF f_key IS NOT NULL AND true = ANY (skip_pick) THEN
+    -- Hand the keys and slots no successor took over to the next rows of the
+    -- same keys in the same queues, as far as the caller's demand goes: the
+    -- node has room, and these rows can run now (their key was just held).
+    -- Reaching a key's rows through its own index entries costs the same
+    -- however deep the backlog: the pick's window would walk the rows of
+    -- every key the node holds to find them. Rows under a configured rate
+    -- limit are left to the pick. A handed-over row takes the freed gate
+    -- shard, so no counter changes. A K = 1 key needs no claim_key here: the
+    -- row that held it leaves 'executing' in this same transaction, so no
+    -- other picker ever sees the key free. The pick gets the demand left.
+    IF f_key IS NOT NULL THEN
         WITH slot AS (
             SELECT f.key, f.shard, f.queue, count(*)::integer AS n
             FROM unnest(f_key, f_shard, f_queue, f_next) AS f(key, shard, queue, next)
-            WHERE f.next IS NULL AND skip_pick[array_position(queues, f.queue)]
+            WHERE f.next IS NULL AND demands[array_position(queues, f.queue)] > 0
             GROUP BY 1, 2, 3
         ), cand AS MATERIALIZED (
             SELECT s.key, s.shard, s.queue, c.id, c.priority, c.scheduled_at
@@ -145,18 +153,17 @@ BEGIN
                                                ORDER BY c.priority, c.scheduled_at, c.id) AS qn
                 FROM cand c) c
             WHERE c.qn <= demands[array_position(queues, c.queue)]
-              AND (c.shard IS NOT NULL OR claim_key(c.key))
         ), handed AS (
             UPDATE instances i
             SET status = 'executing', node = node_id, attempt = i.attempt + 1, attempted_at = now(),
                 gate_shard = c.shard
             FROM chosen c
             WHERE i.id = c.id
-            RETURNING i.id, i.concurrency_key, i.gate_shard
+            RETURNING i.id, i.queue, i.concurrency_key, i.gate_shard
         )
-        SELECT array_agg(id), coalesce(t_key, '{}') || array_agg(concurrency_key),
+        SELECT array_agg(id), array_agg(queue), coalesce(t_key, '{}') || array_agg(concurrency_key),
                coalesce(t_shard, '{}') || array_agg(gate_shard)
-        INTO h_id, t_key, t_shard
+        INTO h_id, h_queue, t_key, t_shard
         FROM handed;
     END IF;
 
@@ -193,16 +200,18 @@ BEGIN
         RETURN QUERY
         SELECT (i.id, i.workflow, i.step, i.state, i.queue, i.priority, i.attempt, i.max_attempts,
                 i.concurrency_key, i.gate_shard, i.rate_key, i.wake)::claim, false, NULL::integer,
-               NULL::integer
+               NULL::integer, NULL::integer, NULL::text[]
         FROM instances i WHERE i.id = ANY (h_id);
     END IF;
 
     -- Claim for the demand, queue by queue.
     FOR q IN 1 .. coalesce(cardinality(queues), 0) LOOP
-        IF demands[q] > 0 AND NOT skip_pick[q] THEN
+        -- What the handover left of the demand.
+        d := demands[q] - coalesce(cardinality(array_positions(h_queue, queues[q])), 0);
+        IF d > 0 AND NOT skip_pick[q] THEN
             RETURN QUERY
-            SELECT p, false, NULL::integer, NULL::integer
-            FROM pick(queues[q], demands[q], ceil(demands[q] * win_factor)::integer + 8,
+            SELECT p, false, NULL::integer, NULL::integer, NULL::integer, NULL::text[]
+            FROM pick(queues[q], d, ceil(d * win_factor)::integer + 8,
                       workflows, node_id, gate_names, gate_limits, gate_shards,
                       rate_names, rate_intervals, rate_tolerances) p;
         END IF;
@@ -248,16 +257,16 @@ BEGIN
         WHERE i.id = nxt.id
         RETURNING (i.id, i.workflow, i.step, i.state, i.queue, i.priority, i.attempt, i.max_attempts,
                    i.concurrency_key, i.gate_shard, i.rate_key, i.wake)::claim, true, NULL::integer,
-                  NULL::integer;
+                  NULL::integer, NULL::integer, NULL::text[];
     END IF;
 
     -- The keys the outcomes freed that are still free now that this call has
     -- handed over and claimed: rows waiting for them may sit in any queue, on
     -- any node, so wake the other nodes ('*' and the sender), and tell the
-    -- caller. Only when other nodes are alive (a lone node claims for itself;
+    -- caller (which gives back its reservations of those keys). Only when other nodes are alive (a lone node claims for itself;
     -- one that starts meanwhile polls until our next heartbeat sees it).
     IF f_key IS NOT NULL THEN
-        SELECT count(*)::integer INTO n_free
+        SELECT coalesce(array_agg(f.key), '{}') INTO r_key
         FROM (SELECT DISTINCT f.key, f.shard IS NULL AS k1 FROM unnest(f_key, f_shard) AS f(key, shard)) f
         WHERE CASE WHEN f.k1
                    THEN NOT EXISTS (SELECT 1 FROM instances e
@@ -266,9 +275,10 @@ BEGIN
                    ELSE EXISTS (SELECT 1 FROM gate_slots s WHERE s.key = f.key AND s.available > 0)
               END;
     END IF;
-    IF notify AND n_free + n_unreserved > 0 THEN
+    IF notify AND cardinality(r_key) + n_unreserved > 0 THEN
         PERFORM pg_notify(channel, '*' || node_id);
     END IF;
-    RETURN QUERY SELECT NULL::claim, NULL::boolean, n_written, n_free + n_unreserved;
+    RETURN QUERY SELECT NULL::claim, NULL::boolean, n_written, cardinality(r_key) + n_unreserved,
+                        coalesce(cardinality(h_id), 0), r_key;
 END
 $$;

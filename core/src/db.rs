@@ -34,7 +34,7 @@ impl Sql {
             channel: format!("{schema}_wake"),
             insert: q(include_str!("sql/insert.sql")),
             // Outcomes, handovers and claims (see the migration defining it).
-            handoff: q("SELECT (claimed).*, reserved, written, released FROM __S__.handoff(
+            handoff: q("SELECT (claimed).*, reserved, written, released, handed_over, released_keys FROM __S__.handoff(
                             $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)"),
             stage: q(include_str!("sql/stage.sql")),
             reap: q(include_str!("sql/reap.sql")),

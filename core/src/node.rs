@@ -234,6 +234,18 @@ struct QueueWake {
 
 impl QueueWake {
     fn wake(&self) {
+        if std::env::var("GD_DEBUG").is_ok() {
+            eprintln!(
+                "dbg wake {}",
+                std::backtrace::Backtrace::force_capture()
+                    .to_string()
+                    .lines()
+                    .filter(|l| l.contains("gendurable::node"))
+                    .take(3)
+                    .collect::<Vec<_>>()
+                    .join("|")
+            );
+        }
         self.events.fetch_add(1, SeqCst);
         self.notify.notify_one();
     }
@@ -277,6 +289,9 @@ async fn picker(sh: Arc<Shared>, queue: String) {
                 break;
             };
             let before = wake.before_pick();
+            if std::env::var("GD_DEBUG").is_ok() {
+                eprintln!("dbg picker {free}");
+            }
             match pick(&sh, &queue, free).await {
                 Ok(rows) => {
                     wake.picked(before, free, rows.len());
@@ -360,6 +375,10 @@ struct Handoff {
     written: usize,
     /// Keys and gate slots the outcomes freed that no row took over.
     released: usize,
+    /// Rows claimed by handing freed keys and slots over (also in `claimed`).
+    handed_over: usize,
+    /// The keys the outcomes freed that are still free after the call.
+    released_keys: Vec<String>,
     claimed: Vec<Claimed>,
 }
 
@@ -415,6 +434,8 @@ async fn handoff(
     let mut h = Handoff {
         written: 0,
         released: 0,
+        handed_over: 0,
+        released_keys: Vec::new(),
         claimed: Vec::with_capacity(rows.len()),
     };
     let mut reserved = Vec::new();
@@ -423,6 +444,8 @@ async fn handoff(
             None => {
                 h.written = r.try_get::<i32, _>("written")? as usize;
                 h.released = r.try_get::<i32, _>("released")? as usize;
+                h.handed_over = r.try_get::<i32, _>("handed_over")? as usize;
+                h.released_keys = r.try_get("released_keys")?;
             }
             Some(false) => h.claimed.push(claimed_from_row(r)?),
             Some(true) => reserved.push(claimed_from_row(r)?),
@@ -436,8 +459,12 @@ async fn handoff(
         for row in reserved {
             s.reserved(row, mark);
         }
+        for key in &h.released_keys {
+            s.freed(key);
+        }
     });
     Stats::add(&inner.stats.claimed, h.claimed.len() as u64);
+    Stats::add(&inner.stats.handed_over, h.handed_over as u64);
     if !outcomes.is_empty() {
         count_written(inner, outcomes.len(), h.written);
     }
@@ -717,7 +744,15 @@ async fn write_and_claim(
                 want: Demand {
                     queue,
                     rows: free,
-                    skip_pick: nothing_new && wake.is_dry(),
+                    skip_pick: {
+                        if std::env::var("GD_DEBUG").is_ok() {
+                            eprintln!(
+                                "dbg writer nothing_new={nothing_new} dry={} free={free}",
+                                wake.is_dry()
+                            );
+                        }
+                        nothing_new && wake.is_dry()
+                    },
                     reserve: sh.wants_successors(queue),
                 },
                 wake,
@@ -735,10 +770,8 @@ async fn write_and_claim(
         sh.wake_all();
     }
     for c in &claims {
-        let got = h.claimed.iter().filter(|r| r.queue == c.want.queue).count();
-        if c.want.skip_pick {
-            Stats::add(&sh.inner.stats.handed_over, got as u64);
-        } else if c.want.rows > 0 {
+        if !c.want.skip_pick && c.want.rows > 0 {
+            let got = h.claimed.iter().filter(|r| r.queue == c.want.queue).count();
             c.wake.picked(c.before, c.want.rows, got);
         }
         if c.wake.before_pick() != c.before {

@@ -15,10 +15,11 @@ pub(crate) struct Successors {
     /// Reserved rows no step of their key is left to hand over to: to give
     /// back in the next handoff.
     dangling: Vec<i64>,
-    /// Counts steps of a key that ended with no successor (their slot is
-    /// credited back), and the count at each key's latest such end: a
-    /// reservation made before that end arrives too late to take the slot,
-    /// and is given back so a pick can admit its row into the free slot.
+    /// Counts the times a handoff reported a key of this node's steps free
+    /// at its end (a slot credited back, nobody to hand it to), and the count
+    /// at each key's latest such report: a reservation from a call that
+    /// started before it is given back, as are those held then, so that a
+    /// pick can admit their rows into the free slot.
     ends: u64,
     last_free: HashMap<String, u64>,
 }
@@ -55,8 +56,6 @@ impl Successors {
         let k = row.concurrency_key.as_ref()?;
         let queue = self.reserved.get_mut(k);
         let Some(mut s) = queue.and_then(|q| q.pop_front()) else {
-            self.ends += 1;
-            self.last_free.insert(k.clone(), self.ends);
             self.release(row);
             return None;
         };
@@ -66,6 +65,19 @@ impl Successors {
         s.attempt += 1;
         s.gate_shard = row.gate_shard;
         Some(s)
+    }
+
+    /// A handoff found `key` free at its end: no row took over the slot a
+    /// step of it freed. Rows reserved for the key go back to the pick.
+    pub fn freed(&mut self, key: &str) {
+        if !self.held.contains_key(key) {
+            return;
+        }
+        self.ends += 1;
+        self.last_free.insert(key.to_owned(), self.ends);
+        if let Some(q) = self.reserved.remove(key) {
+            self.dangling.extend(q.into_iter().map(|r| r.id));
+        }
     }
 
     /// A claimed row is gone with no successor in its place.
@@ -157,11 +169,15 @@ mod tests {
         );
         s.claimed(&a);
         s.claimed(&b);
-        let mark = s.mark();
-        // A ends with no successor while the reserving call is in flight.
+        // A ends with no successor; 5 is reserved for B meanwhile.
         assert!(s.next(&a).is_none());
+        s.reserved(row(5, Some("api:1"), None), s.mark());
+        // The call recording A's end finds its slot free at the end, while
+        // another reserving call is in flight.
+        let mark = s.mark();
+        s.freed("api:1");
         s.reserved(row(3, Some("api:1"), None), mark);
-        assert_eq!(s.take_dangling(), vec![3]);
+        assert_eq!(s.take_dangling(), vec![5, 3]);
         // A reservation made after that end is kept for B.
         s.reserved(row(4, Some("api:1"), None), s.mark());
         assert_eq!(s.next(&b).map(|n| n.id), Some(4));
