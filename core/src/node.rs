@@ -234,18 +234,6 @@ struct QueueWake {
 
 impl QueueWake {
     fn wake(&self) {
-        if std::env::var("GD_DEBUG").is_ok() {
-            eprintln!(
-                "dbg wake {}",
-                std::backtrace::Backtrace::force_capture()
-                    .to_string()
-                    .lines()
-                    .filter(|l| l.contains("gendurable::node"))
-                    .take(3)
-                    .collect::<Vec<_>>()
-                    .join("|")
-            );
-        }
         self.events.fetch_add(1, SeqCst);
         self.notify.notify_one();
     }
@@ -289,9 +277,6 @@ async fn picker(sh: Arc<Shared>, queue: String) {
                 break;
             };
             let before = wake.before_pick();
-            if std::env::var("GD_DEBUG").is_ok() {
-                eprintln!("dbg picker {free}");
-            }
             match pick(&sh, &queue, free).await {
                 Ok(rows) => {
                     wake.picked(before, free, rows.len());
@@ -744,15 +729,7 @@ async fn write_and_claim(
                 want: Demand {
                     queue,
                     rows: free,
-                    skip_pick: {
-                        if std::env::var("GD_DEBUG").is_ok() {
-                            eprintln!(
-                                "dbg writer nothing_new={nothing_new} dry={} free={free}",
-                                wake.is_dry()
-                            );
-                        }
-                        nothing_new && wake.is_dry()
-                    },
+                    skip_pick: nothing_new && wake.is_dry(),
                     reserve: sh.wants_successors(queue),
                 },
                 wake,
