@@ -26,6 +26,11 @@ use tokio_util::task::TaskTracker;
 const MAX_OUTCOME_BATCH: usize = 2000;
 /// Outcome transactions in flight at once.
 const WRITERS: usize = 2;
+/// A call starts beside one in flight only with at least this many outcomes:
+/// two concurrent calls let the database use both cores for large batches,
+/// but small ones contend for the same rows and pages and gain nothing, so
+/// they wait for the call in flight and grow meanwhile.
+const PARALLEL_BATCH: usize = 64;
 /// A pick locks a window of this many candidates per row wanted (plus 8):
 /// rows one limit turns away leave room for the next ones.
 const WINDOW_FACTOR: f64 = 1.0;
@@ -644,6 +649,13 @@ async fn write_outcomes(
             match rx.try_recv() {
                 Ok(o) => batch.push(o),
                 Err(_) => break,
+            }
+        }
+        while !inflight.is_empty() && batch.len() < PARALLEL_BATCH && !stop.is_cancelled() {
+            tokio::select! {
+                Some(o) = rx.recv() => batch.push(o),
+                _ = inflight.join_next() => {}
+                _ = stop.cancelled() => {}
             }
         }
         if batch.is_empty() && !lock(&sh.successors).has_dangling() {
