@@ -645,6 +645,7 @@ async fn write_outcomes(
                 return;
             }
         }
+        tokio::task::yield_now().await;
         while batch.len() < MAX_OUTCOME_BATCH {
             match rx.try_recv() {
                 Ok(o) => batch.push(o),
