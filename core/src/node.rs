@@ -132,6 +132,7 @@ impl Node {
             pick,
             inner: inner.clone(),
         });
+        warm_up(&shared).await;
         let writer_stop = CancellationToken::new();
         let writer = tokio::spawn(write_outcomes(shared.clone(), rx, writer_stop.clone()));
         let pickers = cfg
@@ -384,35 +385,11 @@ async fn handoff(
     unreserve: Vec<i64>,
 ) -> sqlx::Result<Handoff> {
     let inner = &sh.inner;
-    let p = &sh.pick;
-    let queues: Vec<&str> = demand.iter().map(|d| d.queue).collect();
-    let rows: Vec<i32> = demand.iter().map(|d| d.rows as i32).collect();
-    let skip_pick: Vec<bool> = demand.iter().map(|d| d.skip_pick).collect();
-    let reserve: Vec<bool> = demand.iter().map(|d| d.reserve).collect();
     let picks = demand.iter().filter(|d| !d.skip_pick).count();
     Stats::add(&inner.stats.picks, picks as u64);
     let t = Instant::now();
     let mark = lock(&sh.successors).mark();
-    let result = sqlx::query(&inner.sql.handoff)
-        .bind(sqlx::types::Json(outcomes))
-        .bind(&inner.cfg.node_id)
-        .bind(&inner.sql.channel)
-        .bind(inner.others_alive.load(Relaxed))
-        .bind(&queues)
-        .bind(&rows)
-        .bind(&skip_pick)
-        .bind(&reserve)
-        .bind(&unreserve)
-        .bind(WINDOW_FACTOR)
-        .bind(&p.workflows)
-        .bind(&p.gate_names)
-        .bind(&p.gate_limits)
-        .bind(&p.gate_shards)
-        .bind(&p.rate_names)
-        .bind(&p.rate_intervals)
-        .bind(&p.rate_tolerances)
-        .fetch_all(&inner.pool)
-        .await;
+    let result = call_handoff(sh, &inner.pool, outcomes, demand, &unreserve).await;
     sh.call_time.add(t.elapsed());
     let rows = match result {
         Ok(rows) => rows,
@@ -459,6 +436,74 @@ async fn handoff(
         count_written(inner, outcomes.len(), h.written);
     }
     Ok(h)
+}
+
+/// The `handoff` statement itself, on `exec`.
+async fn call_handoff<'e>(
+    sh: &Shared,
+    exec: impl sqlx::PgExecutor<'e>,
+    outcomes: &[OutcomeRow],
+    demand: &[Demand<'_>],
+    unreserve: &[i64],
+) -> sqlx::Result<Vec<sqlx::postgres::PgRow>> {
+    let inner = &sh.inner;
+    let p = &sh.pick;
+    let queues: Vec<&str> = demand.iter().map(|d| d.queue).collect();
+    let rows: Vec<i32> = demand.iter().map(|d| d.rows as i32).collect();
+    let skip_pick: Vec<bool> = demand.iter().map(|d| d.skip_pick).collect();
+    let reserve: Vec<bool> = demand.iter().map(|d| d.reserve).collect();
+    sqlx::query(&inner.sql.handoff)
+        .bind(sqlx::types::Json(outcomes))
+        .bind(&inner.cfg.node_id)
+        .bind(&inner.sql.channel)
+        .bind(inner.others_alive.load(Relaxed))
+        .bind(&queues)
+        .bind(&rows)
+        .bind(&skip_pick)
+        .bind(&reserve)
+        .bind(unreserve)
+        .bind(WINDOW_FACTOR)
+        .bind(&p.workflows)
+        .bind(&p.gate_names)
+        .bind(&p.gate_limits)
+        .bind(&p.gate_shards)
+        .bind(&p.rate_names)
+        .bind(&p.rate_intervals)
+        .bind(&p.rate_tolerances)
+        .fetch_all(exec)
+        .await
+}
+
+/// Prepare the connections the claim path will use, before any work:
+/// PostgreSQL compiles the functions and plans the pick on a connection's
+/// first call (tens of milliseconds), which would otherwise stall the first
+/// claim and outcome on every new connection. A call that records an outcome
+/// for no row and picks from no queue does it and changes nothing.
+async fn warm_up(sh: &Shared) {
+    let pool = &sh.inner.pool;
+    let n = (WRITERS + sh.wakes.len() + 2).min(pool.options().get_max_connections() as usize);
+    let mut conns = Vec::with_capacity(n);
+    for _ in 0..n {
+        match pool.acquire().await {
+            Ok(c) => conns.push(c),
+            Err(_) => break,
+        }
+    }
+    let nothing = OutcomeRow::release(&Claimed::none());
+    let demand = [Demand {
+        queue: "",
+        rows: 1,
+        skip_pick: false,
+        reserve: false,
+    }];
+    let calls = conns
+        .iter_mut()
+        .map(|c| call_handoff(sh, &mut **c, std::slice::from_ref(&nothing), &demand, &[]));
+    for r in futures::future::join_all(calls).await {
+        if let Err(e) = r {
+            tracing::debug!(error = %e, "warming a connection failed");
+        }
+    }
 }
 
 fn claimed_from_row(r: &sqlx::postgres::PgRow) -> sqlx::Result<Claimed> {

@@ -26,6 +26,25 @@ pub(crate) struct Claimed {
     pub wake: Option<Value>,
 }
 
+impl Claimed {
+    /// A claim of no row (id 0): its outcome matches nothing.
+    pub fn none() -> Claimed {
+        Claimed {
+            id: 0,
+            workflow: String::new(),
+            step: String::new(),
+            state: Value::Null,
+            queue: String::new(),
+            attempt: 0,
+            max_attempts: 1,
+            concurrency_key: None,
+            gate_shard: None,
+            rate_key: None,
+            wake: None,
+        }
+    }
+}
+
 /// One outcome, serialised into the batch the outcome statement reads with
 /// `jsonb_to_recordset`. Field names match its column list.
 #[derive(Debug, Clone, Serialize)]
