@@ -17,6 +17,42 @@ pub struct Args {
     /// Skip the concurrency-key and gate cases.
     #[arg(long)]
     no_keys: bool,
+    /// Run the step cases this many times, interleaved; each reports its median.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+}
+
+const KEYED: &str = "no-op steps over 100 K = 1 keys, concurrency 20";
+const GATE10: &str = "gate limit 10, 20 ms steps, concurrency 20";
+const GATE1000: &str = "gate limit 1000 / 10 shards, no-op, concurrency 50";
+
+/// One step case's rates over the rounds, and the note of its last run.
+struct Case {
+    case: String,
+    rates: Vec<f64>,
+    note: String,
+}
+
+impl Case {
+    fn median(&self) -> f64 {
+        let mut r = self.rates.clone();
+        r.sort_by(f64::total_cmp);
+        r[r.len() / 2]
+    }
+}
+
+fn record(cases: &mut Vec<Case>, r: Row) {
+    match cases.iter_mut().find(|c| c.case == r.case) {
+        Some(c) => {
+            c.rates.push(r.rate);
+            c.note = r.note;
+        }
+        None => cases.push(Case {
+            case: r.case,
+            rates: vec![r.rate],
+            note: r.note,
+        }),
+    }
 }
 
 struct Row {
@@ -56,71 +92,88 @@ pub async fn run(args: Args) -> Result<()> {
         "",
     ));
 
-    // No-op steps at several concurrencies.
-    let mut keyless = std::collections::HashMap::new();
-    for &c in &args.concurrency {
+    // The step cases, in rounds: on a shared or small machine a single run
+    // moves by a third, so each case reports its median over the rounds and
+    // the ratios compare medians of cases run interleaved.
+    let mut cases: Vec<Case> = Vec::new();
+    let rounds = args.rounds.max(1);
+    for round in 1..=rounds {
+        if rounds > 1 {
+            println!("round {round} of {rounds}");
+        }
+        for &c in &args.concurrency {
+            let r = steps(
+                &url,
+                &format!("no-op steps, concurrency {c}"),
+                n,
+                c,
+                Duration::ZERO,
+                None,
+                noop,
+            )
+            .await?;
+            record(&mut cases, r);
+        }
+        if args.no_keys {
+            continue;
+        }
+        // 100 K = 1 keys.
+        let r = steps(&url, KEYED, n, 20, Duration::ZERO, None, |i| {
+            noop(i).concurrency_key(("acct", i % 100))
+        })
+        .await?;
+        record(&mut cases, r);
+        // A gate of 10 with 20 ms steps: ideal 500 steps/s.
         let r = steps(
             &url,
-            &format!("no-op steps, concurrency {c}"),
-            n,
-            c,
-            Duration::ZERO,
-            None,
-            noop,
-        )
-        .await?;
-        keyless.insert(c, r.rate);
-        rows.push(r);
-    }
-
-    if !args.no_keys {
-        let base = |c: u32| keyless.get(&c).copied();
-        // 100 K = 1 keys.
-        let c = 20;
-        let mut r = steps(
-            &url,
-            "no-op steps over 100 K = 1 keys, concurrency 20",
-            n,
-            c,
-            Duration::ZERO,
-            None,
-            |i| noop(i).concurrency_key(("acct", i % 100)),
-        )
-        .await?;
-        if let Some(b) = base(c) {
-            r.note = format!("{:.0} % of keyless; {}", 100.0 * r.rate / b, r.note);
-        }
-        rows.push(r);
-        // A gate of 10 with 20 ms steps: ideal 500 steps/s.
-        let jobs = 2000;
-        let mut r = steps(
-            &url,
-            "gate limit 10, 20 ms steps, concurrency 20",
-            jobs,
+            GATE10,
+            2000,
             20,
             Duration::from_millis(20),
             Some(("api", GateConfig::new(10))),
             |i| noop(i).concurrency_key("api:1"),
         )
         .await?;
-        r.note = format!("{:.0} % of ideal 500/s; {}", 100.0 * r.rate / 500.0, r.note);
-        rows.push(r);
+        record(&mut cases, r);
         // A gate of 1000 over 10 shards.
-        let c = 50;
-        let mut r = steps(
+        let r = steps(
             &url,
-            "gate limit 1000 / 10 shards, no-op, concurrency 50",
+            GATE1000,
             n,
-            c,
+            50,
             Duration::ZERO,
             Some(("big", GateConfig::new(1000).shards(10))),
             |i| noop(i).concurrency_key("big:1"),
         )
         .await?;
-        if let Some(b) = base(c) {
-            r.note = format!("{:.0} % of keyless; {}", 100.0 * r.rate / b, r.note);
-        }
-        rows.push(r);
+        record(&mut cases, r);
+    }
+    let median = |case: &str| cases.iter().find(|c| c.case == case).map(Case::median);
+    for c in &cases {
+        let m = c.median();
+        let vs = |what: &str, base: Option<f64>| {
+            base.map(|b| format!("{:.0} % of {what}; ", 100.0 * m / b))
+                .unwrap_or_default()
+        };
+        let ratio = match c.case.as_str() {
+            KEYED => vs("keyless", median("no-op steps, concurrency 20")),
+            GATE10 => vs("ideal 500/s", Some(500.0)),
+            GATE1000 => vs("keyless", median("no-op steps, concurrency 50")),
+            _ => String::new(),
+        };
+        let spread = if c.rates.len() > 1 {
+            let lo = c.rates.iter().copied().fold(f64::INFINITY, f64::min);
+            let hi = c.rates.iter().copied().fold(0.0, f64::max);
+            format!("{lo:.0}–{hi:.0} over {} rounds; ", c.rates.len())
+        } else {
+            String::new()
+        };
+        rows.push(Row {
+            case: c.case.clone(),
+            rate: m,
+            unit: "steps/s",
+            note: format!("{ratio}{spread}{}", c.note),
+        });
     }
 
     println!("\n| case | rate | note |\n|---|---:|---|");
