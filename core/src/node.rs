@@ -364,7 +364,8 @@ struct Handoff {
     /// Outcomes applied (the others were fenced: no longer executing under
     /// this claim).
     written: usize,
-    /// Keys and gate slots the outcomes freed that no row took over.
+    /// Keys the outcomes freed that no row took over, plus reserved rows
+    /// given back: either may let rows of other nodes run.
     released: usize,
     /// Rows claimed by handing freed keys and slots over (also in `claimed`).
     handed_over: usize,
@@ -375,8 +376,9 @@ struct Handoff {
 
 /// The one statement of the claim path (the `handoff` function in the
 /// migrations): record `outcomes` and promote the successors started in the
-/// slots they free, give back `unreserve`, credit what is left, claim per
-/// queue and reserve successors. Atomic: it applies whole or not at all.
+/// slots they free, hand the other freed keys and slots to their keys' next
+/// rows, give back `unreserve`, credit what is left, claim per queue and
+/// reserve successors. Atomic: it applies whole or not at all.
 /// Reserved rows go to the successor bookkeeping; claimed rows are returned.
 async fn handoff(
     sh: &Shared,
@@ -482,11 +484,14 @@ async fn call_handoff<'e>(
 async fn warm_up(sh: &Shared) {
     let pool = &sh.inner.pool;
     let n = (WRITERS + sh.wakes.len() + 2).min(pool.options().get_max_connections() as usize);
+    // A pool shared with the application may have no connection to spare:
+    // warm what can be had quickly rather than delay the start.
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(500);
     let mut conns = Vec::with_capacity(n);
     for _ in 0..n {
-        match pool.acquire().await {
-            Ok(c) => conns.push(c),
-            Err(_) => break,
+        match tokio::time::timeout_at(deadline, pool.acquire()).await {
+            Ok(Ok(c)) => conns.push(c),
+            _ => break,
         }
     }
     let nothing = OutcomeRow::release(&Claimed::none());
@@ -719,9 +724,6 @@ async fn write_outcomes(
     }
 }
 
-/// The fast path: write a batch of outcomes and, in the same statement,
-/// claim rows for every free slot of the batch's queues. Slots and keys the
-/// outcomes free go to the next rows with one round trip and one commit.
 /// The claim slots a batch's outcomes carry, merged per queue.
 fn carried_slots(batch: &mut [OutcomeRow]) -> HashMap<String, OwnedSemaphorePermit> {
     let mut carried: HashMap<String, OwnedSemaphorePermit> = HashMap::new();
@@ -739,6 +741,10 @@ fn carried_slots(batch: &mut [OutcomeRow]) -> HashMap<String, OwnedSemaphorePerm
     carried
 }
 
+/// The fast path: write a batch of outcomes and, in the same statement,
+/// claim rows for the batch's queues: into the slots the outcomes carry and as
+/// many free ones as the prefetch wants. Slots and keys the outcomes free go
+/// to the next rows with one round trip and one commit.
 async fn write_and_claim(
     sh: &Arc<Shared>,
     batch: &[OutcomeRow],
@@ -778,9 +784,9 @@ async fn write_and_claim(
             let free = permits.num_permits();
             let wake = &*sh.wakes[queue];
             // A pick can only find something new if these outcomes made a row
-            // runnable, or if rate limits refilled meanwhile. In a dry queue
-            // the keys and slots they free are handed over to their keys'
-            // next rows in the call; one nobody takes wakes the queues after.
+            // runnable, or if rate limits refilled meanwhile: the keys and
+            // slots they free are handed over to their keys' next rows in the
+            // call, and one left free wakes the queues after it.
             let nothing_new = sh.pick.rate_names.is_empty()
                 && batch.iter().all(|o| &o.queue != queue || !o.runnable_now());
             claims.push(Claim {
