@@ -171,7 +171,7 @@ BEGIN
         n_unreserved := release_reserved(node_id, unreserve);
     END IF;
 
-    -- Credit the gate slots no successor took over, each to the shard it came
+    -- Credit the gate slots nobody took over, each to the shard it came
     -- from, locking the counters in key order. Values come from the locked
     -- version (see the pick); least(): never above capacity.
     IF f_key IS NOT NULL THEN
