@@ -551,9 +551,9 @@ async fn successors_take_over_freed_slots() {
     engine.shutdown().await.unwrap();
 }
 
-/// One node working through deep backlogs of K = 1 keys: once a pick comes
-/// back short, each freed key goes to its next row in the call that records
-/// the outcome, and no key ever runs twice at once.
+/// One node working through deep backlogs of K = 1 keys: each freed key goes
+/// to its next row in the call that records the outcome (while the node has
+/// room), and no key ever runs twice at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn freed_keys_go_to_their_next_rows() {
     let url = support::url();
