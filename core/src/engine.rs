@@ -5,14 +5,17 @@ use crate::config::{EngineConfig, GateConfig, RateConfig};
 use crate::db::{self, Sql};
 use crate::error::{Error, Result};
 use crate::instance::{Instance, NewInstance, Schedule, Status};
-use crate::node::Node;
-use crate::outcome::check_rate_key;
+use crate::node::{self, Node};
+use crate::outcome::{check_rate_key, Claimed};
 use crate::stats::Stats;
 use crate::validate;
 use crate::workflow::{FnWorkflow, StepContext, StepResult, WithStepRates, Workflow};
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 use sqlx::postgres::{PgPoolOptions, PgRow};
+
+/// How long a pooled connection may sit idle before it is pinged on acquire.
+const IDLE_CHECK: std::time::Duration = std::time::Duration::from_secs(1);
 use sqlx::{PgPool, Postgres, Row};
 use std::collections::HashMap;
 use std::future::Future;
@@ -35,9 +38,9 @@ pub(crate) struct Inner {
     /// Whether other nodes were alive at the last heartbeat: outcomes that free
     /// keys or slots only notify when someone else may be waiting for them.
     pub others_alive: std::sync::atomic::AtomicBool,
-    /// Whether the engine opened the pool itself (its connections then carry
-    /// the session settings already).
     node: Mutex<Option<Node>>,
+    /// The running node's shared state, for inserts that start rows here.
+    pub here: std::sync::Mutex<std::sync::Weak<node::Shared>>,
 }
 
 enum Connect {
@@ -281,6 +284,20 @@ impl EngineBuilder {
                 PgPoolOptions::new()
                     .max_connections(self.max_connections.unwrap_or((slots * 2).max(10)))
                     .acquire_timeout(self.connect_timeout)
+                    // sqlx pings every connection it hands out: a round trip
+                    // per statement on the claim path. Only connections idle
+                    // for a while are checked; a busy one fails on its own
+                    // statement, which the engine retries like any dropped
+                    // connection.
+                    .test_before_acquire(false)
+                    .before_acquire(|conn, meta| {
+                        Box::pin(async move {
+                            if meta.idle_for >= IDLE_CHECK {
+                                sqlx::Connection::ping(conn).await?;
+                            }
+                            Ok(true)
+                        })
+                    })
                     .connect_lazy(&url)
                     .map_err(|e| Error::config(format!("database url: {e}")))?
             }
@@ -298,6 +315,7 @@ impl EngineBuilder {
                 stats: Stats::default(),
                 others_alive: std::sync::atomic::AtomicBool::new(true),
                 node: Mutex::new(None),
+                here: Default::default(),
             }),
         })
     }
@@ -388,8 +406,20 @@ impl Engine {
 
     /// Insert many instances in one round trip; returns their ids in order.
     /// Either all are inserted or none.
+    ///
+    /// When this process runs a node serving the queue with running slots
+    /// idle and nothing left to pick there, rows due now without a
+    /// concurrency key or rate limit are claimed by the insert itself and
+    /// start here at once, without a wake-up and a pick.
     pub async fn insert_many(&self, news: Vec<NewInstance>) -> Result<Vec<i64>> {
-        self.insert_many_in(&self.inner.pool, news).await
+        let here = self
+            .inner
+            .here
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .upgrade();
+        self.insert_rows(&self.inner.pool, news, here.as_ref())
+            .await
     }
 
     /// Insert inside the caller's own transaction or connection:
@@ -399,6 +429,20 @@ impl Engine {
         &self,
         executor: E,
         news: Vec<NewInstance>,
+    ) -> Result<Vec<i64>>
+    where
+        E: sqlx::Executor<'c, Database = Postgres>,
+    {
+        self.insert_rows(executor, news, None).await
+    }
+
+    /// The insert; `here` is the node of this process that may start rows at
+    /// once (only for a statement that commits on its own).
+    async fn insert_rows<'c, E>(
+        &self,
+        executor: E,
+        news: Vec<NewInstance>,
+        here: Option<&Arc<node::Shared>>,
     ) -> Result<Vec<i64>>
     where
         E: sqlx::Executor<'c, Database = Postgres>,
@@ -417,6 +461,8 @@ impl Engine {
         let mut max_attempts = Vec::with_capacity(n);
         let mut delay: Vec<Option<f64>> = Vec::with_capacity(n);
         let mut at: Vec<Option<DateTime<Utc>>> = Vec::with_capacity(n);
+        // Rows that may start here, by queue.
+        let mut startable: HashMap<String, Vec<usize>> = HashMap::new();
         for (i, new) in news.into_iter().enumerate() {
             new.validate().map_err(|e| at_index(e, i, n))?;
             let declared = match &new.rate_limit {
@@ -429,6 +475,14 @@ impl Engine {
             };
             if let Some(r) = &declared {
                 check_rate_key(&self.inner.cfg, r).map_err(|e| at_index(e, i, n))?;
+            }
+            if here.is_some()
+                && matches!(new.schedule, Schedule::Now)
+                && new.concurrency_key.is_none()
+                && declared.is_none()
+                && self.inner.workflows.contains_key(&new.workflow)
+            {
+                startable.entry(new.queue.clone()).or_default().push(i);
             }
             match new.schedule {
                 Schedule::Now => {
@@ -457,6 +511,38 @@ impl Engine {
             rkey.push(declared);
             max_attempts.push(new.max_attempts);
         }
+        // Claim slots on the node for what it can start now; the rows that
+        // got one are inserted as claimed by it.
+        let mut start = vec![false; n];
+        let mut slots = HashMap::new();
+        let mut started = Vec::new();
+        if let Some(sh) = here {
+            for (q, rows) in startable {
+                let Some(permit) = node::local_slots(sh, &q, rows.len()) else {
+                    continue;
+                };
+                for &i in &rows[..permit.num_permits()] {
+                    start[i] = true;
+                    started.push((
+                        i,
+                        Claimed {
+                            id: 0,
+                            workflow: workflow[i].clone(),
+                            step: step[i].clone(),
+                            state: Value::Null,
+                            queue: q.clone(),
+                            attempt: 1,
+                            max_attempts: max_attempts[i],
+                            concurrency_key: None,
+                            gate_shard: None,
+                            rate_key: None,
+                            wake: None,
+                        },
+                    ));
+                }
+                slots.insert(q, permit);
+            }
+        }
         let rows = sqlx::query(&self.inner.sql.insert)
             .bind(workflow)
             .bind(step)
@@ -469,9 +555,25 @@ impl Engine {
             .bind(delay)
             .bind(at)
             .bind(&self.inner.sql.channel)
+            .bind(start)
+            .bind(&self.inner.cfg.node_id)
             .fetch_all(executor)
             .await?;
-        rows.iter().map(|r| Ok(r.try_get::<i64, _>(0)?)).collect()
+        let ids = rows
+            .iter()
+            .map(|r| Ok(r.try_get::<i64, _>(0)?))
+            .collect::<Result<Vec<i64>>>()?;
+        if let Some(sh) = here.filter(|_| !started.is_empty()) {
+            // Rows come back in input order; the started ones with their state.
+            let mut claimed = Vec::with_capacity(started.len());
+            for (i, mut c) in started {
+                c.id = ids[i];
+                c.state = rows[i].try_get("state")?;
+                claimed.push(c);
+            }
+            node::start_inserted(sh, claimed, slots);
+        }
+        Ok(ids)
     }
 
     /// Read an instance back.

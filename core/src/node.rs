@@ -47,7 +47,7 @@ pub(crate) struct Node {
     writer_stop: CancellationToken,
 }
 
-struct Shared {
+pub(crate) struct Shared {
     inner: Arc<Inner>,
     shutdown: CancellationToken,
     wakes: HashMap<String, Arc<QueueWake>>,
@@ -132,6 +132,7 @@ impl Node {
             pick,
             inner: inner.clone(),
         });
+        *lock(&inner.here) = Arc::downgrade(&shared);
         warm_up(&shared).await;
         let writer_stop = CancellationToken::new();
         let writer = tokio::spawn(write_outcomes(shared.clone(), rx, writer_stop.clone()));
@@ -525,6 +526,42 @@ fn claimed_from_row(r: &sqlx::postgres::PgRow) -> sqlx::Result<Claimed> {
         rate_key: r.try_get("rate_key")?,
         wake: r.try_get("wake")?,
     })
+}
+
+/// Claim slots for up to `n` rows an insert on this process starts at once
+/// (see `Engine::insert_many`): only while `queue` has running slots idle and
+/// its last pick found nothing more, so an inserted row never goes ahead of a
+/// backlog this node could be running.
+pub(crate) fn local_slots(sh: &Shared, queue: &str, n: usize) -> Option<OwnedSemaphorePermit> {
+    if sh.shutdown.is_cancelled() || !sh.wakes.get(queue)?.is_short() {
+        return None;
+    }
+    let idle = sh.runs[queue].available_permits().min(n);
+    if idle == 0 {
+        return None;
+    }
+    sh.slots[queue]
+        .clone()
+        .try_acquire_many_owned(idle as u32)
+        .ok()
+}
+
+/// Run rows an insert claimed for this node, in the slots `local_slots` gave.
+pub(crate) fn start_inserted(
+    sh: &Arc<Shared>,
+    rows: Vec<Claimed>,
+    mut slots: HashMap<String, OwnedSemaphorePermit>,
+) {
+    let n = rows.len() as u64;
+    Stats::add(&sh.inner.stats.claimed, n);
+    Stats::add(&sh.inner.stats.started_on_insert, n);
+    for row in rows {
+        let claim = slots
+            .get_mut(&row.queue)
+            .and_then(|p| p.split(1))
+            .expect("a slot per started row");
+        spawn_step(sh, row, claim, None, None);
+    }
 }
 
 fn hand_back(sh: &Shared, rows: Vec<Claimed>) {

@@ -15,6 +15,7 @@ pub struct Stats {
     pub(crate) rescued: AtomicU64,
     pub(crate) released: AtomicU64,
     pub(crate) handed_over: AtomicU64,
+    pub(crate) started_on_insert: AtomicU64,
 }
 
 /// A copy of the counters at one moment.
@@ -41,6 +42,9 @@ pub struct StatsSnapshot {
     /// Rows claimed without a pick: a key or gate slot an outcome freed in
     /// a dry queue went straight to the key's next row (also in `claimed`).
     pub handed_over: u64,
+    /// Rows this process's inserts claimed for its own node, which started
+    /// them at once without a pick (also in `claimed`).
+    pub started_on_insert: u64,
 }
 
 impl Stats {
@@ -57,6 +61,7 @@ impl Stats {
             rescued: self.rescued.load(Relaxed),
             released: self.released.load(Relaxed),
             handed_over: self.handed_over.load(Relaxed),
+            started_on_insert: self.started_on_insert.load(Relaxed),
         }
     }
 

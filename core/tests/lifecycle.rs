@@ -134,3 +134,94 @@ async fn finished_instances_are_pruned_after_the_retention() {
     );
     engine.shutdown().await.unwrap();
 }
+
+/// An insert on a process whose node has idle running slots and nothing
+/// left to pick starts the row there at once, claimed by the insert itself;
+/// a busy node, a keyed row and an insert in the caller's transaction go
+/// through the queue as usual.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inserts_start_at_once_on_an_idle_node() {
+    let url = support::url();
+    let schema = support::schema("here");
+    let (ran_tx, mut ran) = tokio::sync::mpsc::unbounded_channel();
+    let go = Arc::new(Semaphore::new(0));
+    let g2 = go.clone();
+    let engine = support::builder(&url, &schema)
+        .queue("default", 1)
+        .workflow_fn("Job", move |_step, state, ctx| {
+            let (ran, go) = (ran_tx.clone(), g2.clone());
+            async move {
+                ran.send((ctx.id, ctx.attempt, state.clone())).unwrap();
+                go.acquire().await.unwrap().forget();
+                Ok(Transition::done(state))
+            }
+        })
+        .start()
+        .await
+        .unwrap();
+    let here = || engine.stats().snapshot().started_on_insert;
+
+    // The first row goes whichever way; once it has run, the queue is known
+    // to be empty.
+    let first = engine
+        .insert(NewInstance::new("Job", json!({})))
+        .await
+        .unwrap();
+    go.add_permits(1);
+    assert_eq!(ran.recv().await.unwrap().0, first);
+    support::eventually(
+        "the first outcome written",
+        Duration::from_secs(10),
+        || async { engine.get(first).await.unwrap().status == Status::Completed },
+    )
+    .await;
+
+    // Idle: the insert claims the row for this node, which runs it.
+    let before = here();
+    let id = engine
+        .insert(NewInstance::new("Job", json!({ "n": 1 })))
+        .await
+        .unwrap();
+    assert_eq!(here(), before + 1, "started by the insert");
+    let row = engine.get(id).await.unwrap();
+    assert_eq!(row.status, Status::Executing);
+    assert_eq!(row.attempt, 1);
+    assert_eq!(ran.recv().await.unwrap(), (id, 1, json!({ "n": 1 })));
+
+    // Busy (the one running slot is taken): the next row goes through the
+    // queue (the picker may claim it ahead, but it waits for the slot).
+    let queued = engine
+        .insert(NewInstance::new("Job", json!({})))
+        .await
+        .unwrap();
+    assert_eq!(here(), before + 1);
+    go.add_permits(2);
+    assert_eq!(
+        ran.recv().await.unwrap().0,
+        queued,
+        "picked once the slot freed"
+    );
+    support::eventually("both completed", Duration::from_secs(10), || async {
+        engine.get(queued).await.unwrap().status == Status::Completed
+    })
+    .await;
+
+    // A keyed row and a row inserted in a transaction are never started by
+    // the insert, idle or not.
+    let keyed = engine
+        .insert(NewInstance::new("Job", json!({})).concurrency_key("acct:1"))
+        .await
+        .unwrap();
+    let mut tx = engine.pool().begin().await.unwrap();
+    let in_tx = engine
+        .insert_many_in(&mut *tx, vec![NewInstance::new("Job", json!({}))])
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(here(), before + 1);
+    go.add_permits(2);
+    let mut seen = vec![ran.recv().await.unwrap().0, ran.recv().await.unwrap().0];
+    seen.sort();
+    assert_eq!(seen, vec![keyed, in_tx[0]]);
+    engine.shutdown().await.unwrap();
+}
