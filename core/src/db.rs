@@ -24,6 +24,9 @@ pub(crate) struct Sql {
     pub reconcile: String,
     pub prune_rates: String,
     pub forget_dead_nodes: String,
+    pub held_by_node: String,
+    pub next_ids: String,
+    pub copy_in: String,
 }
 
 impl Sql {
@@ -31,7 +34,17 @@ impl Sql {
         // The schema is validated as [a-z0-9_]; quoting keeps it exact.
         let q = |text: &str| text.replace("__S__", &format!("\"{schema}\""));
         Sql {
+            // What the database says a node holds: executing, or reserved.
+            held_by_node: q("SELECT id, workflow, step, state, queue, attempt, max_attempts, concurrency_key,
+                                    gate_shard, rate_key, wake, status = 'executing' AS executing
+                             FROM __S__.instances
+                             WHERE node = $1 AND status IN ('executing', 'available')"),
             channel: format!("{schema}_wake"),
+            // Ids for a COPY, in order (see crate::insert::copy).
+            next_ids: q("SELECT nextval(s) FROM (SELECT pg_get_serial_sequence('__S__.instances', 'id')::regclass AS s) q,
+                                                generate_series(1, $1)"),
+            copy_in: q("COPY __S__.instances (id, workflow, step, state, queue, priority, concurrency_key,
+                                              rate_key, max_attempts, status) FROM STDIN"),
             insert: q(include_str!("sql/insert.sql")),
             // Outcomes, handovers and claims (see the migration defining it).
             handoff: q("SELECT (claimed).*, reserved, written, released, handed_over, released_keys FROM __S__.handoff(

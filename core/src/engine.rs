@@ -4,13 +4,13 @@
 use crate::config::{EngineConfig, GateConfig, RateConfig};
 use crate::db::{self, Sql};
 use crate::error::{Error, Result};
-use crate::instance::{Instance, NewInstance, Schedule, Status};
+use crate::insert;
+use crate::instance::{Instance, NewInstance, Status};
 use crate::node::{self, Node};
-use crate::outcome::{check_rate_key, Claimed};
+use crate::outcome::check_rate_key;
 use crate::stats::Stats;
 use crate::validate;
 use crate::workflow::{FnWorkflow, StepContext, StepResult, WithStepRates, Workflow};
-use chrono::{DateTime, Utc};
 use serde_json::Value;
 use sqlx::postgres::{PgPoolOptions, PgRow};
 
@@ -412,14 +412,20 @@ impl Engine {
     /// concurrency key or rate limit are claimed by the insert itself and
     /// start here at once, without a wake-up and a pick.
     pub async fn insert_many(&self, news: Vec<NewInstance>) -> Result<Vec<i64>> {
+        if news.is_empty() {
+            return Ok(Vec::new());
+        }
+        let rows = insert::Rows::new(&self.inner, news)?;
+        if rows.wants_copy() {
+            return insert::copy(&self.inner, &self.inner.pool, rows).await;
+        }
         let here = self
             .inner
             .here
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .upgrade();
-        self.insert_rows(&self.inner.pool, news, here.as_ref())
-            .await
+        insert::insert(&self.inner, &self.inner.pool, rows, here.as_ref()).await
     }
 
     /// Insert inside the caller's own transaction or connection:
@@ -433,147 +439,11 @@ impl Engine {
     where
         E: sqlx::Executor<'c, Database = Postgres>,
     {
-        self.insert_rows(executor, news, None).await
-    }
-
-    /// The insert; `here` is the node of this process that may start rows at
-    /// once (only for a statement that commits on its own).
-    async fn insert_rows<'c, E>(
-        &self,
-        executor: E,
-        news: Vec<NewInstance>,
-        here: Option<&Arc<node::Shared>>,
-    ) -> Result<Vec<i64>>
-    where
-        E: sqlx::Executor<'c, Database = Postgres>,
-    {
         if news.is_empty() {
             return Ok(Vec::new());
         }
-        let n = news.len();
-        let mut workflow = Vec::with_capacity(n);
-        let mut step = Vec::with_capacity(n);
-        let mut state = Vec::with_capacity(n);
-        let mut queue = Vec::with_capacity(n);
-        let mut priority = Vec::with_capacity(n);
-        let mut ckey = Vec::with_capacity(n);
-        let mut rkey = Vec::with_capacity(n);
-        let mut max_attempts = Vec::with_capacity(n);
-        let mut delay: Vec<Option<f64>> = Vec::with_capacity(n);
-        let mut at: Vec<Option<DateTime<Utc>>> = Vec::with_capacity(n);
-        // Rows that may start here, by queue.
-        let mut startable: HashMap<String, Vec<usize>> = HashMap::new();
-        for (i, new) in news.into_iter().enumerate() {
-            new.validate().map_err(|e| at_index(e, i, n))?;
-            let declared = match &new.rate_limit {
-                Some(r) => Some(r.clone()),
-                None => self
-                    .inner
-                    .workflows
-                    .get(&new.workflow)
-                    .and_then(|w| w.rate_limit(&new.step, &new.state)),
-            };
-            if let Some(r) = &declared {
-                check_rate_key(&self.inner.cfg, r).map_err(|e| at_index(e, i, n))?;
-            }
-            if here.is_some()
-                && matches!(new.schedule, Schedule::Now)
-                && new.concurrency_key.is_none()
-                && declared.is_none()
-                && self.inner.workflows.contains_key(&new.workflow)
-            {
-                startable.entry(new.queue.clone()).or_default().push(i);
-            }
-            match new.schedule {
-                Schedule::Now => {
-                    delay.push(None);
-                    at.push(None);
-                }
-                Schedule::In(d) => {
-                    delay.push(Some(d.as_secs_f64()));
-                    at.push(None);
-                }
-                Schedule::At(t) => {
-                    delay.push(None);
-                    at.push(Some(t));
-                }
-            }
-            // Serialised once here: the size is checked and the text is what
-            // PostgreSQL parses into jsonb.
-            let text = new.state.to_string();
-            validate::state_size("state", text.len()).map_err(|e| at_index(e, i, n))?;
-            workflow.push(new.workflow);
-            step.push(new.step);
-            state.push(text);
-            queue.push(new.queue);
-            priority.push(new.priority);
-            ckey.push(new.concurrency_key);
-            rkey.push(declared);
-            max_attempts.push(new.max_attempts);
-        }
-        // Claim slots on the node for what it can start now; the rows that
-        // got one are inserted as claimed by it.
-        let mut start = vec![false; n];
-        let mut slots = HashMap::new();
-        let mut started = Vec::new();
-        if let Some(sh) = here {
-            for (q, rows) in startable {
-                let Some(permit) = node::local_slots(sh, &q, rows.len()) else {
-                    continue;
-                };
-                for &i in &rows[..permit.num_permits()] {
-                    start[i] = true;
-                    started.push((
-                        i,
-                        Claimed {
-                            id: 0,
-                            workflow: workflow[i].clone(),
-                            step: step[i].clone(),
-                            state: Value::Null,
-                            queue: q.clone(),
-                            attempt: 1,
-                            max_attempts: max_attempts[i],
-                            concurrency_key: None,
-                            gate_shard: None,
-                            rate_key: None,
-                            wake: None,
-                        },
-                    ));
-                }
-                slots.insert(q, permit);
-            }
-        }
-        let rows = sqlx::query(&self.inner.sql.insert)
-            .bind(workflow)
-            .bind(step)
-            .bind(state)
-            .bind(queue)
-            .bind(priority)
-            .bind(ckey)
-            .bind(rkey)
-            .bind(max_attempts)
-            .bind(delay)
-            .bind(at)
-            .bind(&self.inner.sql.channel)
-            .bind(start)
-            .bind(&self.inner.cfg.node_id)
-            .fetch_all(executor)
-            .await?;
-        let ids = rows
-            .iter()
-            .map(|r| Ok(r.try_get::<i64, _>(0)?))
-            .collect::<Result<Vec<i64>>>()?;
-        if let Some(sh) = here.filter(|_| !started.is_empty()) {
-            // Rows come back in input order; the started ones with their state.
-            let mut claimed = Vec::with_capacity(started.len());
-            for (i, mut c) in started {
-                c.id = ids[i];
-                c.state = rows[i].try_get("state")?;
-                claimed.push(c);
-            }
-            node::start_inserted(sh, claimed, slots);
-        }
-        Ok(ids)
+        let rows = insert::Rows::new(&self.inner, news)?;
+        insert::insert(&self.inner, executor, rows, None).await
     }
 
     /// Read an instance back.
@@ -648,16 +518,6 @@ pub enum Cancelled {
     AtOutcome,
     /// It had already finished, with this status; nothing changed.
     AlreadyFinished(Status),
-}
-
-fn at_index(e: Error, i: usize, n: usize) -> Error {
-    match e {
-        Error::InvalidInput { field, reason } if n > 1 => Error::InvalidInput {
-            field,
-            reason: format!("{reason} (instance {i} of {n}; nothing was inserted)"),
-        },
-        e => e,
-    }
 }
 
 pub(crate) fn instance_from_row(r: &PgRow) -> Result<Instance> {

@@ -12,6 +12,7 @@ mod db;
 pub mod embedded;
 mod engine;
 mod error;
+mod insert;
 mod instance;
 mod node;
 mod outcome;

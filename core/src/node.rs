@@ -12,12 +12,12 @@ use crate::transition::{Transition, Wake};
 use crate::workflow::StepContext;
 use sqlx::postgres::PgListener;
 use sqlx::Row;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering::{Relaxed, SeqCst};
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
-use tokio::sync::{mpsc, oneshot, Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, oneshot, Notify, OwnedSemaphorePermit, RwLock, Semaphore};
 use tokio::task::{AbortHandle, JoinHandle};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -67,6 +67,14 @@ pub(crate) struct Shared {
     /// How long a handoff call takes, smoothed.
     call_time: Smoothed,
     pick: PickParams,
+    /// Rows this node holds executing whose outcome is not written yet.
+    holding: StdMutex<HashSet<i64>>,
+    /// Calls that may claim hold it shared until their rows are in
+    /// `holding`; the check for lost claims holds it alone.
+    claiming: RwLock<()>,
+    /// A claiming call failed (its commit may have happened without its
+    /// answer reaching us), or the node just started: check for lost claims.
+    check_lost: AtomicBool,
 }
 
 /// The pick's configuration parameters, built once.
@@ -130,6 +138,9 @@ impl Node {
             writer_wake: Notify::new(),
             call_time: Smoothed::default(),
             pick,
+            holding: StdMutex::new(HashSet::new()),
+            claiming: RwLock::new(()),
+            check_lost: AtomicBool::new(true),
             inner: inner.clone(),
         });
         *lock(&inner.here) = Arc::downgrade(&shared);
@@ -390,6 +401,12 @@ async fn handoff(
     let inner = &sh.inner;
     let picks = demand.iter().filter(|d| !d.skip_pick).count();
     Stats::add(&inner.stats.picks, picks as u64);
+    // A call that may claim or reserve keeps the check for lost claims out
+    // until what it claimed is on record here.
+    let _claiming = match demand.is_empty() {
+        true => None,
+        false => Some(sh.claiming.read().await),
+    };
     let t = Instant::now();
     let mark = lock(&sh.successors).mark();
     let result = call_handoff(sh, &inner.pool, outcomes, demand, &unreserve).await;
@@ -398,9 +415,19 @@ async fn handoff(
         Ok(rows) => rows,
         Err(e) => {
             sh.successors(|s| s.restore_dangling(unreserve));
+            if !demand.is_empty() {
+                sh.check_lost.store(true, SeqCst);
+            }
             return Err(e);
         }
     };
+    {
+        // Outcomes first: the same call may claim a row it just recorded.
+        let mut holding = lock(&sh.holding);
+        for o in outcomes {
+            holding.remove(&o.id);
+        }
+    }
     let mut h = Handoff {
         written: 0,
         released: 0,
@@ -433,6 +460,7 @@ async fn handoff(
             s.freed(key);
         }
     });
+    lock(&sh.holding).extend(h.claimed.iter().map(|r| r.id));
     Stats::add(&inner.stats.claimed, h.claimed.len() as u64);
     Stats::add(&inner.stats.handed_over, h.handed_over as u64);
     if !outcomes.is_empty() {
@@ -546,6 +574,17 @@ pub(crate) fn local_slots(sh: &Shared, queue: &str, n: usize) -> Option<OwnedSem
         .ok()
 }
 
+/// Held by an insert that claims rows for this node until they are started
+/// (see `give_back_lost`).
+pub(crate) async fn claiming(sh: &Shared) -> tokio::sync::RwLockReadGuard<'_, ()> {
+    sh.claiming.read().await
+}
+
+/// An insert that claimed rows for this node failed: it may have committed.
+pub(crate) fn claim_failed(sh: &Shared) {
+    sh.check_lost.store(true, SeqCst);
+}
+
 /// Run rows an insert claimed for this node, in the slots `local_slots` gave.
 pub(crate) fn start_inserted(
     sh: &Arc<Shared>,
@@ -588,6 +627,7 @@ fn spawn_step(
         hand_back(sh, vec![row]);
         return;
     };
+    lock(&sh.holding).insert(row.id);
     let sh2 = sh.clone();
     let runs = sh.runs[&row.queue].clone();
     sh.steps.spawn(async move {
@@ -652,7 +692,15 @@ fn spawn_step(
             sh.successors(|s| s.release(&row));
             None
         } else {
-            sh.successors(|s| s.next(&row))
+            // On record as held before it leaves the reservations, for
+            // `give_back_lost`.
+            sh.successors(|s| {
+                let next = s.next(&row);
+                if let Some(n) = &next {
+                    lock(&sh.holding).insert(n.id);
+                }
+                next
+            })
         };
         match next {
             Some(next) => {
@@ -1012,6 +1060,12 @@ async fn maintain(sh: Arc<Shared>) {
                 tracing::debug!(error = %e, "reaping failed");
             }
         }
+        if sh.check_lost.swap(false, SeqCst) {
+            if let Err(e) = give_back_lost(&sh).await {
+                sh.check_lost.store(true, SeqCst);
+                tracing::debug!(error = %e, "checking for lost claims failed");
+            }
+        }
         if now - last_gc >= cfg.gc_interval {
             last_gc = now;
             if let Err(e) = reconcile_gates(inner).await {
@@ -1029,6 +1083,54 @@ async fn maintain(sh: Arc<Shared>) {
             _ = sh.shutdown.cancelled() => return,
         }
     }
+}
+
+/// Give back rows the database says this node claimed or reserved but the
+/// node never heard of: a call that committed while its answer was lost (a
+/// dropped connection, a server restart), or a previous process with the same
+/// node id. Nothing else can free them while this node heartbeats. Claiming
+/// calls are held off while the rows are listed, so every row they claimed is
+/// known by then.
+async fn give_back_lost(sh: &Shared) -> Result<()> {
+    let guard = sh.claiming.write().await;
+    let rows = sqlx::query(&sh.inner.sql.held_by_node)
+        .bind(&sh.inner.cfg.node_id)
+        .fetch_all(&sh.inner.pool)
+        .await?;
+    let (mut lost, mut unreserve) = (Vec::new(), Vec::new());
+    {
+        // In this order only (a successor goes from one to the other).
+        let successors = lock(&sh.successors);
+        let holding = lock(&sh.holding);
+        for r in &rows {
+            let row = claimed_from_row(r)?;
+            if holding.contains(&row.id) {
+                continue;
+            }
+            if r.try_get::<bool, _>("executing")? {
+                lost.push(row);
+            } else if !successors.is_reserved(row.id) {
+                unreserve.push(row.id);
+            }
+        }
+    }
+    drop(guard);
+    if lost.is_empty() && unreserve.is_empty() {
+        return Ok(());
+    }
+    tracing::warn!(
+        claimed = lost.len(),
+        reserved = unreserve.len(),
+        "giving back rows claimed for this node whose claim never reached it"
+    );
+    Stats::add(&sh.inner.stats.released, lost.len() as u64);
+    // As releases of rows that never started: fenced like any outcome, so a
+    // row whose outcome was written meanwhile is left alone.
+    for row in &lost {
+        let _ = sh.outcomes.send(OutcomeRow::release(row));
+    }
+    sh.successors(|s| s.restore_dangling(unreserve));
+    Ok(())
 }
 
 async fn stage(inner: &Inner) -> Result<u64> {

@@ -97,6 +97,11 @@ impl Successors {
         }
     }
 
+    /// Whether `id` is a reservation this node knows of.
+    pub fn is_reserved(&self, id: i64) -> bool {
+        self.reserved.values().flatten().any(|r| r.id == id)
+    }
+
     pub fn has_dangling(&self) -> bool {
         !self.dangling.is_empty()
     }

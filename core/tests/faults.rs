@@ -248,3 +248,54 @@ async fn dropped_connections_lose_nothing() {
         e.shutdown().await.unwrap();
     }
 }
+
+/// Rows the database records as claimed or reserved by a node that never
+/// heard of them (a claim whose answer was lost, or an earlier process with
+/// the same node id) are given back, though the node is alive and
+/// heartbeating, so the reaper would never free them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_a_node_never_heard_of_are_given_back() {
+    let url = support::url();
+    let schema = support::schema("lost");
+    let engine = support::builder(&url, &schema)
+        .node_id("steady")
+        .queue("default", 4)
+        .workflow_fn("Job", |_step, state, _ctx| async move {
+            Ok(Transition::done(state))
+        })
+        .build()
+        .await
+        .unwrap();
+    let key = |k: &str| NewInstance::new("Job", json!({})).concurrency_key(k);
+    let ids = engine
+        .insert_many(vec![
+            key("acct:1"),
+            key("acct:1"),
+            key("acct:2"),
+            NewInstance::new("Job", json!({})),
+        ])
+        .await
+        .unwrap();
+    // As a lost claim leaves them: the first row of acct:1 and the keyless
+    // row executing on "steady", acct:2's row reserved by it.
+    sqlx::query(&format!(
+        "UPDATE \"{schema}\".instances SET node = 'steady',
+             status = CASE WHEN id = $3 THEN 'available' ELSE 'executing' END,
+             attempt = CASE WHEN id = $3 THEN 0 ELSE 1 END
+         WHERE id IN ($1, $2, $3)"
+    ))
+    .bind(ids[0])
+    .bind(ids[3])
+    .bind(ids[2])
+    .execute(engine.pool())
+    .await
+    .unwrap();
+    engine.start().await.unwrap();
+    support::wait_count(engine.pool(), &schema, "completed", ids.len() as i64).await;
+    assert_eq!(engine.stats().snapshot().released, 2, "the two lost claims");
+    for id in ids {
+        let i = engine.get(id).await.unwrap();
+        assert!(i.errors.is_empty(), "{id}: given back, not failed: {i:?}");
+    }
+    engine.shutdown().await.unwrap();
+}
