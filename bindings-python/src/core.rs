@@ -84,6 +84,16 @@ pub(crate) struct Core {
     worker: Mutex<Option<Engine>>,
 }
 
+impl Core {
+    /// Inserts go through the worker engine while it runs: an idle worker
+    /// then starts what this process inserts at once (see the core's
+    /// `Engine::insert_many`). Both share one pool.
+    fn inserter(&self) -> Engine {
+        let worker = self.worker.lock().unwrap().clone();
+        worker.unwrap_or_else(|| self.client.clone())
+    }
+}
+
 /// Migrate once per `Core`.
 async fn ensure_migrated(engine: &Engine, cell: &OnceCell<()>) -> gendurable::Result<()> {
     cell.get_or_try_init(|| engine.migrate()).await.map(|_| ())
@@ -312,7 +322,7 @@ impl Core {
             .into_iter()
             .map(new_instance)
             .collect::<PyResult<Vec<_>>>()?;
-        let (engine, cell) = (self.client.clone(), self.migrated.clone());
+        let (engine, cell) = (self.inserter(), self.migrated.clone());
         block_on(py, move || async move {
             ensure_migrated(&engine, &cell).await?;
             engine.insert_many(news).await
@@ -329,7 +339,7 @@ impl Core {
             .into_iter()
             .map(new_instance)
             .collect::<PyResult<Vec<_>>>()?;
-        let (engine, cell) = (self.client.clone(), self.migrated.clone());
+        let (engine, cell) = (self.inserter(), self.migrated.clone());
         pyo3_async_runtimes::tokio::future_into_py(py, async move {
             ensure_migrated(&engine, &cell).await.py_err()?;
             engine.insert_many(news).await.py_err()
