@@ -35,10 +35,15 @@ impl Sql {
         let q = |text: &str| text.replace("__S__", &format!("\"{schema}\""));
         Sql {
             // What the database says a node holds: executing, or reserved.
+            // One branch per partial index (a status list would match neither).
             held_by_node: q("SELECT id, workflow, step, state, queue, attempt, max_attempts, concurrency_key,
-                                    gate_shard, rate_key, wake, status = 'executing' AS executing
+                                    gate_shard, rate_key, wake, true AS executing
+                             FROM __S__.instances WHERE node = $1 AND status = 'executing'
+                             UNION ALL
+                             SELECT id, workflow, step, state, queue, attempt, max_attempts, concurrency_key,
+                                    gate_shard, rate_key, wake, false
                              FROM __S__.instances
-                             WHERE node = $1 AND status IN ('executing', 'available')"),
+                             WHERE node = $1 AND status = 'available' AND node IS NOT NULL"),
             channel: format!("{schema}_wake"),
             // Ids for a COPY, in order (see crate::insert::copy).
             next_ids: q("SELECT nextval(s) FROM (SELECT pg_get_serial_sequence('__S__.instances', 'id')::regclass AS s) q,
