@@ -158,14 +158,23 @@ where
         .bind(&inner.cfg.node_id)
         .fetch_all(executor)
         .await;
-    let result = result.map_err(Error::from).and_then(|out| {
+    // Rows come back in input order; the started ones with their state.
+    let read = result.map_err(Error::from).and_then(|out| {
         let ids = out
             .iter()
             .map(|r| r.try_get::<i64, _>(0))
             .collect::<sqlx::Result<Vec<i64>>>()?;
-        Ok((out, ids))
+        let claimed = started
+            .into_iter()
+            .map(|(i, mut c)| {
+                c.id = ids[i];
+                c.state = out[i].try_get("state")?;
+                Ok(c)
+            })
+            .collect::<Result<Vec<Claimed>>>()?;
+        Ok((ids, claimed))
     });
-    let (out, ids) = match (result, here) {
+    let (ids, claimed) = match (read, here) {
         (Ok(r), _) => r,
         (Err(e), Some(sh)) if claiming.is_some() => {
             // It may have committed: the node looks for claims it never got.
@@ -174,16 +183,7 @@ where
         }
         (Err(e), _) => return Err(e),
     };
-    if let Some(sh) = here.filter(|_| !started.is_empty()) {
-        // Rows come back in input order; the started ones with their state.
-        let claimed = started
-            .into_iter()
-            .map(|(i, mut c)| {
-                c.id = ids[i];
-                c.state = out[i].try_get("state").unwrap_or(Value::Null);
-                c
-            })
-            .collect();
+    if let Some(sh) = here.filter(|_| !claimed.is_empty()) {
         node::start_inserted(sh, claimed, slots);
     }
     drop(claiming);

@@ -421,32 +421,21 @@ async fn handoff(
             return Err(e);
         }
     };
+    let (h, reserved) = match read_handoff(&rows) {
+        Ok(read) => read,
+        Err(e) => {
+            // Committed, but what it claimed is unknown here.
+            sh.check_lost.store(true, SeqCst);
+            return Err(e);
+        }
+    };
     {
         // Outcomes first: the same call may claim a row it just recorded.
         let mut holding = lock(&sh.holding);
         for o in outcomes {
             holding.remove(&o.id);
         }
-    }
-    let mut h = Handoff {
-        written: 0,
-        released: 0,
-        handed_over: 0,
-        released_keys: Vec::new(),
-        claimed: Vec::with_capacity(rows.len()),
-    };
-    let mut reserved = Vec::new();
-    for r in &rows {
-        match r.try_get::<Option<bool>, _>("reserved")? {
-            None => {
-                h.written = r.try_get::<i32, _>("written")? as usize;
-                h.released = r.try_get::<i32, _>("released")? as usize;
-                h.handed_over = r.try_get::<i32, _>("handed_over")? as usize;
-                h.released_keys = r.try_get("released_keys")?;
-            }
-            Some(false) => h.claimed.push(claimed_from_row(r)?),
-            Some(true) => reserved.push(claimed_from_row(r)?),
-        }
+        holding.extend(h.claimed.iter().map(|r| r.id));
     }
     // The claimed rows hold their keys before their successors are filed.
     sh.successors(|s| {
@@ -460,13 +449,37 @@ async fn handoff(
             s.freed(key);
         }
     });
-    lock(&sh.holding).extend(h.claimed.iter().map(|r| r.id));
     Stats::add(&inner.stats.claimed, h.claimed.len() as u64);
     Stats::add(&inner.stats.handed_over, h.handed_over as u64);
     if !outcomes.is_empty() {
         count_written(inner, outcomes.len(), h.written);
     }
     Ok(h)
+}
+
+/// A handoff's rows: its header, the rows it claimed, and those it reserved.
+fn read_handoff(rows: &[sqlx::postgres::PgRow]) -> sqlx::Result<(Handoff, Vec<Claimed>)> {
+    let mut h = Handoff {
+        written: 0,
+        released: 0,
+        handed_over: 0,
+        released_keys: Vec::new(),
+        claimed: Vec::with_capacity(rows.len()),
+    };
+    let mut reserved = Vec::new();
+    for r in rows {
+        match r.try_get::<Option<bool>, _>("reserved")? {
+            None => {
+                h.written = r.try_get::<i32, _>("written")? as usize;
+                h.released = r.try_get::<i32, _>("released")? as usize;
+                h.handed_over = r.try_get::<i32, _>("handed_over")? as usize;
+                h.released_keys = r.try_get("released_keys")?;
+            }
+            Some(false) => h.claimed.push(claimed_from_row(r)?),
+            Some(true) => reserved.push(claimed_from_row(r)?),
+        }
+    }
+    Ok((h, reserved))
 }
 
 /// The `handoff` statement itself, on `exec`.
@@ -594,6 +607,7 @@ pub(crate) fn start_inserted(
     let n = rows.len() as u64;
     Stats::add(&sh.inner.stats.claimed, n);
     Stats::add(&sh.inner.stats.started_on_insert, n);
+    lock(&sh.holding).extend(rows.iter().map(|r| r.id));
     for row in rows {
         let claim = slots
             .get_mut(&row.queue)
@@ -627,7 +641,6 @@ fn spawn_step(
         hand_back(sh, vec![row]);
         return;
     };
-    lock(&sh.holding).insert(row.id);
     let sh2 = sh.clone();
     let runs = sh.runs[&row.queue].clone();
     sh.steps.spawn(async move {
