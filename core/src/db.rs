@@ -46,8 +46,9 @@ impl Sql {
                              WHERE node = $1 AND status = 'available' AND node IS NOT NULL"),
             channel: format!("{schema}_wake"),
             // Ids for a COPY, in order (see crate::insert::copy).
-            next_ids: q("SELECT nextval(s) FROM (SELECT pg_get_serial_sequence('__S__.instances', 'id')::regclass AS s) q,
-                                                generate_series(1, $1)"),
+            // Materialised: inlined, the sequence's name is looked up per row.
+            next_ids: q("WITH q AS MATERIALIZED (SELECT pg_get_serial_sequence('__S__.instances', 'id')::regclass AS s)
+                         SELECT nextval(s) FROM q, generate_series(1, $1)"),
             copy_in: q("COPY __S__.instances (id, workflow, step, state, queue, priority, concurrency_key,
                                               rate_key, max_attempts, status) FROM STDIN"),
             insert: q(include_str!("sql/insert.sql")),
