@@ -46,28 +46,42 @@ impl Claimed {
 }
 
 /// One outcome, serialised into the batch the outcome statement reads with
-/// `jsonb_to_recordset`. Field names match its column list.
+/// `jsonb_to_recordset`. Field names match its column list. Empty fields are
+/// left out (a missing field reads as NULL): PostgreSQL parses and sorts
+/// every key it is sent, a tenth of its time on a run of no-op steps.
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct OutcomeRow {
     pub id: i64,
     pub attempt: i32,
     pub kind: &'static str,
     pub status: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub step: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub state: Option<Value>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub set_key: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub ckey: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub rkey: Option<String>,
     /// Seconds: the delay of a scheduled row, or an await's timeout.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub delay: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub until: Option<DateTime<Utc>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub signal: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<Value>,
     /// The key the claim held and the gate shard it debited (none for
     /// K = 1): freed by this outcome, handed over or credited back.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub hkey: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub gshard: Option<i32>,
     /// The reserved successor started in the slot this outcome frees.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub next: Option<i64>,
     /// Dropped (with every clone) once the batch carrying this outcome is
     /// written: the successor's own outcome waits for that.
