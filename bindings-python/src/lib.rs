@@ -20,6 +20,19 @@ pub(crate) fn runtime() -> &'static tokio::runtime::Runtime {
     pyo3_async_runtimes::tokio::get_runtime()
 }
 
+/// How the shared runtime is built (before its first use). Its blocking
+/// threads, which run the sync steps, are kept for the life of the process:
+/// each keeps its Python thread state (see `workflow::pin_thread_state`), and
+/// a thread that ended would leave that state behind. There are never more of
+/// them than steps ran at once.
+fn configure_runtime() {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    builder
+        .enable_all()
+        .thread_keep_alive(std::time::Duration::MAX);
+    pyo3_async_runtimes::tokio::init(builder);
+}
+
 /// Run the future `make` returns to completion on the shared runtime, with
 /// the GIL released. (The future is made on the releasing thread, so it need
 /// not be `Send`: some of the core's futures are not provably so.)
@@ -46,6 +59,7 @@ fn init_logging() {
 #[pymodule]
 fn _gendurable(m: &Bound<'_, PyModule>) -> PyResult<()> {
     init_logging();
+    configure_runtime();
     m.add_class::<core::Core>()?;
     m.add_class::<bulkhead::PyBulkhead>()?;
     m.add_class::<bulkhead::PyPermit>()?;
