@@ -384,6 +384,36 @@ def check(result: dict, workload: str, record: Path) -> None:
         result["max_concurrency"], result["violations"] = concurrency_profile(rows)
 
 
+def headline(r: dict) -> float:
+    """The figure a run is ranked by: jobs/s, or the p99 latency for W4."""
+    return r["p99_ms"] if r["workload"] == "w4" else r["jobs_per_s"]
+
+
+def median_run(rs: list[dict]) -> dict:
+    """Of one system x workload's runs, the median by its headline figure, with
+    the range over the runs that finished and the violations of all of them."""
+    ok = sorted((r for r in rs if r.get("status") == "ok"), key=headline)
+    if not ok:
+        return rs[0]
+    r = dict(ok[(len(ok) - 1) // 2])
+    if len(rs) > 1:
+        r["runs"] = [headline(x) for x in rs if x.get("status") == "ok"]
+        if len(ok) < len(rs):
+            r["note"] = f"{len(rs) - len(ok)} of {len(rs)} runs did not finish"
+    if "violations" in r:
+        r["violations"] = sum(x.get("violations", 0) for x in ok)
+        if "max_concurrency" in r:
+            r["max_concurrency"] = max(x["max_concurrency"] for x in ok)
+    return r
+
+
+def spread(r: dict, digits: int = 0) -> str:
+    """' (low–high)' over the runs, when there was more than one."""
+    if len(r.get("runs", [])) < 2:
+        return ""
+    return f" ({fmt(min(r['runs']), digits)}–{fmt(max(r['runs']), digits)})"
+
+
 # --- the table --------------------------------------------------------------------------
 
 
@@ -425,7 +455,7 @@ def table(results: list[dict]) -> str:
             cells += [
                 "",
                 "",
-                f"{r['p50_ms']:.1f} / {r['p99_ms']:.1f}",
+                f"{r['p50_ms']:.1f} / {r['p99_ms']:.1f}" + spread(r, 1),
                 (fmt(ratio, 2) + " (p50, lower is better)") if ratio else "",
                 "",
                 "",
@@ -434,7 +464,7 @@ def table(results: list[dict]) -> str:
         else:
             rate = r["jobs_per_s"]
             cells += [
-                fmt(rate),
+                fmt(rate) + spread(r),
                 fmt(r.get("insert_per_s")),
                 "",
                 fmt(rate / best[w], 2) if best.get(w) else "",
@@ -504,6 +534,12 @@ def main() -> int:
     p.add_argument(
         "--scale", type=float, default=1.0, help="fraction of the job counts (e.g. 0.1 for a quick run)"
     )
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="runs of each system x workload, in interleaved rounds; the table shows each one's median run",
+    )
     p.add_argument("--out", type=Path, default=BENCH / "results", help="where results.json and chart.png go")
     p.add_argument("--work", type=Path, default=BENCH / ".peers", help="the work folder (kept between runs)")
     p.add_argument("--reinstall", action="store_true", help="upgrade the peers to their latest releases")
@@ -536,49 +572,55 @@ def main() -> int:
             plan.append((s, s, w, runner_command(s, work, cli)))
 
     pg = Postgres()
-    results = []
+    runs: list[list[dict]] = [[] for _ in plan]
     started = time.monotonic()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         pg.start()
-        for i, (label, system, w, argv) in enumerate(plan, 1):
-            jobs = max(1, round(JOBS[w] * args.scale))
-            log(f"[{i}/{len(plan)}] {w} {label}: {jobs} jobs (total {time.monotonic() - started:.0f} s)")
-            record = work.path / "records" / f"{system}-{w}.csv"
-            record.parent.mkdir(exist_ok=True)
-            if argv is None:
-                r = {"status": "pending", "note": "runner not available"}
-            else:
-                r = run_one(
-                    pg,
-                    work,
-                    f"{system}-{w}" if system != "raw" else f"raw-batch{argv[-1]}",
-                    argv,
-                    w,
-                    jobs,
-                    record,
-                )
-                check(r, w, record)
-            r.update(label=label, system=system, workload=w)
-            r.setdefault("jobs", jobs)
-            results.append(r)
-            summary = f"{r['jobs_per_s']:.0f} jobs/s" if r.get("jobs_per_s") and w != "w4" else ""
-            if w == "w4" and r.get("p50_ms") is not None:
-                summary = f"p50 {r['p50_ms']:.1f} ms, p99 {r['p99_ms']:.1f} ms"
-            if "violations" in r:
-                summary += f", violations {r['violations']}"
-            log(f"    {r['status']} {summary} {r.get('unsupported', '') or r.get('note', '')}".rstrip())
+        # Rounds over the whole plan, so that a noisy stretch of the machine
+        # falls on every system rather than on one system's repeats.
+        for rnd in range(1, args.repeat + 1):
+            for i, (label, system, w, argv) in enumerate(plan):
+                jobs = max(1, round(JOBS[w] * args.scale))
+                step = f"{i + 1}/{len(plan)}" + (f", round {rnd}/{args.repeat}" if args.repeat > 1 else "")
+                log(f"[{step}] {w} {label}: {jobs} jobs (total {time.monotonic() - started:.0f} s)")
+                record = work.path / "records" / f"{system}-{w}.csv"
+                record.parent.mkdir(exist_ok=True)
+                if argv is None:
+                    r = {"status": "pending", "note": "runner not available"}
+                else:
+                    r = run_one(
+                        pg,
+                        work,
+                        f"{system}-{w}" if system != "raw" else f"raw-batch{argv[-1]}",
+                        argv,
+                        w,
+                        jobs,
+                        record,
+                    )
+                    check(r, w, record)
+                r.update(label=label, system=system, workload=w)
+                r.setdefault("jobs", jobs)
+                runs[i].append(r)
+                summary = f"{r['jobs_per_s']:.0f} jobs/s" if r.get("jobs_per_s") and w != "w4" else ""
+                if w == "w4" and r.get("p50_ms") is not None:
+                    summary = f"p50 {r['p50_ms']:.1f} ms, p99 {r['p99_ms']:.1f} ms"
+                if "violations" in r:
+                    summary += f", violations {r['violations']}"
+                log(f"    {r['status']} {summary} {r.get('unsupported', '') or r.get('note', '')}".rstrip())
     except KeyboardInterrupt:
         log("interrupted")
         return 130
     finally:
         pg.stop()
+    results = [median_run(rs) for rs in runs]
 
     args.out.mkdir(parents=True, exist_ok=True)
     doc = {
         "command": "benchmarks/run " + " ".join(sys.argv[1:]),
         "concurrency": CONCURRENCY,
         "scale": args.scale,
+        "repeat": args.repeat,
         "versions": versions(work, systems),
         "results": results,
     }
