@@ -397,7 +397,7 @@ def median_run(rs: list[dict]) -> dict:
         return rs[0]
     r = dict(ok[(len(ok) - 1) // 2])
     if len(rs) > 1:
-        r["runs"] = [headline(x) for x in rs if x.get("status") == "ok"]
+        r["runs"] = [headline(x) for x in ok]
         if len(ok) < len(rs):
             r["note"] = f"{len(rs) - len(ok)} of {len(rs)} runs did not finish"
     if "violations" in r:

@@ -3,9 +3,9 @@
 //! Sync steps run on the runtime's blocking pool (one thread per running
 //! step; the queues' concurrency bounds how many run at once), each taking
 //! the GIL only while Python code runs. Those threads keep their Python
-//! thread state between steps (`pin_thread_state`). Async steps are submitted to the
-//! engine's asyncio loop thread; the node's task waits for their result
-//! without holding a thread or the GIL.
+//! thread state between steps (`pin_thread_state`). Async steps are
+//! submitted to the engine's asyncio loop thread; the node's task waits for
+//! their result without holding a thread or the GIL.
 
 use crate::values::{to_json, to_py};
 use gendurable::{
