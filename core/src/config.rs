@@ -117,7 +117,7 @@ impl Default for EngineConfig {
 impl EngineConfig {
     /// The most rows a queue of this concurrency claims ahead.
     pub(crate) fn prefetch_for(&self, concurrency: u32) -> u32 {
-        self.prefetch.unwrap_or(concurrency.saturating_mul(25))
+        self.prefetch.unwrap_or(concurrency.saturating_mul(100))
     }
 
     /// Check every setting; the first problem found is returned.
