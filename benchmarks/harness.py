@@ -36,6 +36,7 @@ IDEAL = {"w2": 4_000.0, "w3": 500.0}  # 100 keys x 1 / 5 ms; 10 slots / 20 ms
 # The raw loop's best shape here (batch, loops): few loops with large batches
 # meet no SKIP LOCKED contention and spread each commit over many rows.
 CEILING = (1000, 2)
+RAW = ((1, CONCURRENCY), (100, CONCURRENCY), CEILING)
 GATE = 10
 RUN_TIMEOUT = 900  # seconds; a run taking longer is recorded as a timeout
 
@@ -420,8 +421,13 @@ def spread(r: dict, digits: int = 0) -> str:
 # --- the table --------------------------------------------------------------------------
 
 
-def raw_rate(ok: list[dict], batch: int) -> float | None:
-    return next((r["jobs_per_s"] for r in ok if r["workload"] == "raw" and r.get("batch") == batch), None)
+def raw_label(batch: int, loops: int) -> str:
+    return f"raw SKIP LOCKED, batch {batch}" + (f", {loops} loops" if loops != CONCURRENCY else "")
+
+
+def raw_rate(ok: list[dict], batch: int, loops: int) -> float | None:
+    label = raw_label(batch, loops)
+    return next((r["jobs_per_s"] for r in ok if r["label"] == label), None)
 
 
 def fmt(x: float | None, digits: int = 0) -> str:
@@ -431,8 +437,8 @@ def fmt(x: float | None, digits: int = 0) -> str:
 def table(results: list[dict]) -> str:
     """One Markdown table: throughput (or latency for W4) and ratios."""
     ok = [r for r in results if r.get("status") == "ok"]
-    raw100 = raw_rate(ok, 100)
-    ceiling = raw_rate(ok, CEILING[0])
+    raw100 = raw_rate(ok, 100, CONCURRENCY)
+    ceiling = raw_rate(ok, *CEILING)
     best = {}
     for w in ("w1", "w2", "w3"):
         rates = [r["jobs_per_s"] for r in ok if r["workload"] == w and r["system"] in PEERS]
@@ -575,12 +581,9 @@ def main() -> int:
     plan = []  # (label, system, workload, argv)
     for w in workloads:
         if w == "raw":
-            for batch, loops in ((1, CONCURRENCY), (100, CONCURRENCY), CEILING):
+            for batch, loops in RAW:
                 argv = [cli, "workload", "raw", "--concurrency", loops, "--batch", batch] if cli else None
-                label = f"raw SKIP LOCKED, batch {batch}"
-                if loops != CONCURRENCY:
-                    label += f", {loops} loops"
-                plan.append((label, "raw", w, argv))
+                plan.append((raw_label(batch, loops), "raw", w, argv))
             continue
         for s in systems:
             plan.append((s, s, w, runner_command(s, work, cli)))

@@ -12,6 +12,8 @@
 # and completing them (status, finished_at), one commit per statement.
 set -euo pipefail
 rows=${1:-100000} loops=${2:-2} batch=${3:-160}
+per_loop=$((rows / batch / loops))
+[ "$per_loop" -ge 1 ] || { echo "own_table.sh: $rows rows are fewer than $loops loops x $batch" >&2; exit 2; }
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cli="$here/../target/release/gendurable"
 [ -x "$cli" ] || cargo build --release -p gendurable-cli --manifest-path "$here/../Cargo.toml"
@@ -23,7 +25,7 @@ psql -qX -v ON_ERROR_STOP=1 "$DATABASE_URL" \
     -c "VACUUM ANALYZE own_table.instances"
 echo "$rows rows, $loops loops, batch $batch"
 pgbench -n -f "$here/own_table.pgbench" -D "batch=$batch" -c "$loops" -j "$loops" \
-    -t $((rows / batch / loops)) "$DATABASE_URL" |
+    -t "$per_loop" "$DATABASE_URL" |
     awk -v b="$batch" '/^tps/ { printf "%.0f rows/s\n", $3 * b }'
 psql -qAtX "$DATABASE_URL" -c "SELECT count(*) || ' completed' FROM own_table.instances
                                WHERE status = 'completed'" \
