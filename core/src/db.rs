@@ -25,6 +25,7 @@ pub(crate) struct Sql {
     pub prune_rates: String,
     pub forget_dead_nodes: String,
     pub held_by_node: String,
+    pub next_rate_start: String,
     pub next_ids: String,
     pub copy_in: String,
 }
@@ -37,13 +38,20 @@ impl Sql {
             // What the database says a node holds: executing, or reserved.
             // One branch per partial index (a status list would match neither).
             held_by_node: q("SELECT id, workflow, step, state, queue, attempt, max_attempts, concurrency_key,
-                                    gate_shard, rate_key, wake, true AS executing
+                                    gate_shard, rate_key, wake, token, true AS executing
                              FROM __S__.instances WHERE node = $1 AND status = 'executing'
                              UNION ALL
                              SELECT id, workflow, step, state, queue, attempt, max_attempts, concurrency_key,
-                                    gate_shard, rate_key, wake, false
+                                    gate_shard, rate_key, wake, token, false
                              FROM __S__.instances
                              WHERE node = $1 AND status = 'available' AND node IS NOT NULL"),
+            // Seconds until the first configured rate limit ($1 names, $2
+            // tolerances) that is exhausted now allows a start again.
+            next_rate_start: q("SELECT extract(epoch FROM min(rs.tat - make_interval(secs => t.tol)) - now())::float8
+                                FROM __S__.rate_state rs
+                                JOIN unnest($1::text[], $2::float8[]) AS t(name, tol)
+                                  ON t.name = split_part(rs.key, ':', 1)
+                                WHERE rs.tat - make_interval(secs => t.tol) > now()"),
             channel: format!("{schema}_wake"),
             // Ids for a COPY, in order (see crate::insert::copy).
             // Materialised: inlined, the sequence's name is looked up per row.
@@ -53,27 +61,34 @@ impl Sql {
                                               rate_key, max_attempts, status) FROM STDIN"),
             insert: q(include_str!("sql/insert.sql")),
             // Outcomes, handovers and claims (see the migration defining it).
-            handoff: q("SELECT (claimed).*, reserved, written, released, handed_over, released_keys FROM __S__.handoff(
-                            $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)"),
+            handoff: q("SELECT (claimed).*, reserved, written, released, handed_over, released_keys, promoted
+                        FROM __S__.handoff($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15,
+                                           $16, $17, $18)"),
             stage: q(include_str!("sql/stage.sql")),
             reap: q(include_str!("sql/reap.sql")),
             get: q(&format!("SELECT {INSTANCE_COLUMNS} FROM __S__.instances WHERE id = $1")),
             signal: q(include_str!("sql/signal.sql")),
             cancel: q(include_str!("sql/cancel.sql")),
-            // Also answers how many other nodes are alive (heartbeat within $5 s).
-            heartbeat: q("INSERT INTO __S__.nodes (id, hostname, pid, queues) VALUES ($1, $2, $3, $4)
-                          ON CONFLICT (id) DO UPDATE SET heartbeat_at = now(), queues = excluded.queues
-                          RETURNING (SELECT count(*) FROM __S__.nodes n
-                                     WHERE n.id <> $1 AND n.heartbeat_at > now() - make_interval(secs => $5))"),
+            // Also answers how many other nodes are alive (heartbeat within
+            // $5 s), and how many seconds ago this node's previous heartbeat
+            // was recorded (NULL: none, or its row was deleted as dead).
+            heartbeat: q("WITH prev AS (SELECT heartbeat_at FROM __S__.nodes WHERE id = $1),
+                          beat AS (INSERT INTO __S__.nodes (id, hostname, pid, queues) VALUES ($1, $2, $3, $4)
+                                   ON CONFLICT (id) DO UPDATE SET heartbeat_at = now(), queues = excluded.queues
+                                   RETURNING 1)
+                          SELECT (SELECT count(*) FROM __S__.nodes n
+                                  WHERE n.id <> $1 AND n.heartbeat_at > now() - make_interval(secs => $5)),
+                                 (SELECT extract(epoch FROM now() - heartbeat_at)::float8 FROM prev),
+                                 (SELECT count(*) FROM beat)"),
             // Gives back the rows the node reserved, too.
             forget_node: q("WITH gone AS (DELETE FROM __S__.nodes WHERE id = $1 RETURNING 1)
-                            SELECT __S__.release_reserved($1, NULL)"),
+                            SELECT __S__.release_reserved($1, NULL, NULL)"),
             prune: q("DELETE FROM __S__.instances WHERE id IN (
                           SELECT id FROM __S__.instances
                           WHERE status IN ('completed', 'cancelled', 'discarded')
                             AND finished_at < now() - make_interval(secs => $1)
                           LIMIT $2)"),
-            reconcile: q("SELECT __S__.reconcile_gates()"),
+            reconcile: q("SELECT changed, last_key FROM __S__.reconcile_gates($1, $2)"),
             prune_rates: q("DELETE FROM __S__.rate_state WHERE key IN (
                                 SELECT key FROM __S__.rate_state WHERE tat < now() - interval '1 minute'
                                 LIMIT 10000 FOR UPDATE SKIP LOCKED)"),

@@ -382,7 +382,7 @@ impl Engine {
     /// than the lease become runnable again. Returns how many were rescued.
     /// Running nodes do this on their own every heartbeat interval.
     pub async fn reap_now(&self) -> Result<u64> {
-        crate::node::reap(&self.inner).await
+        crate::node::reap(&self.inner, None).await
     }
 
     /// One gate reconciler sweep now: counters are reset from the executing

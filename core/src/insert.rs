@@ -204,6 +204,8 @@ fn claimed_here(rows: &Rows, i: usize) -> Claimed {
         gate_shard: None,
         rate_key: None,
         wake: None,
+        // An insert's claim is the row's first.
+        token: 1,
     }
 }
 

@@ -14,6 +14,7 @@ mod engine;
 mod error;
 mod insert;
 mod instance;
+mod liveness;
 mod node;
 mod outcome;
 mod prefetch;

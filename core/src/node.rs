@@ -1,10 +1,11 @@
 //! A running worker node: pickers per queue, step tasks, the outcome writer,
-//! the LISTEN task and the maintenance loop (heartbeat, stager, reaper, gate
-//! reconciler, pruning).
+//! the LISTEN task, the heartbeat and the maintenance loop (stager, reaper,
+//! gate reconciler, pruning).
 
 use crate::engine::Inner;
 use crate::error::Result;
-use crate::outcome::{Claimed, OutcomeRow};
+use crate::liveness::Liveness;
+use crate::outcome::{Claimed, OutcomeRow, Promotion};
 use crate::prefetch::{Prefetch, Smoothed};
 use crate::stats::Stats;
 use crate::successors::Successors;
@@ -36,8 +37,10 @@ const PARALLEL_BATCH: usize = 64;
 const WINDOW_FACTOR: f64 = 1.0;
 /// Rows the stager moves per statement.
 const STAGE_BATCH: i64 = 10_000;
-/// Finished rows pruned per statement.
+/// Finished rows pruned per maintenance pass.
 const PRUNE_BATCH: i64 = 10_000;
+/// Gate keys the reconciler sweeps per maintenance pass.
+const RECONCILE_BATCH: i32 = 1000;
 
 pub(crate) struct Node {
     shared: Arc<Shared>,
@@ -60,21 +63,32 @@ pub(crate) struct Shared {
     prefetch: HashMap<String, Prefetch>,
     outcomes: mpsc::UnboundedSender<OutcomeRow>,
     steps: TaskTracker,
-    running: StdMutex<HashMap<i64, AbortHandle>>,
+    running: StdMutex<HashMap<i64, Running>>,
     successors: StdMutex<Successors>,
     /// Wakes the writer when reserved rows are to be given back.
     writer_wake: Notify,
     /// How long a handoff call takes, smoothed.
     call_time: Smoothed,
     pick: PickParams,
-    /// Rows this node holds executing whose outcome is not written yet.
-    holding: StdMutex<HashSet<i64>>,
+    /// Rows this node holds executing whose outcome is not written yet, by
+    /// id, with the token of the claim.
+    holding: StdMutex<HashMap<i64, i64>>,
+    /// Whether this node may start work (its heartbeat is recent).
+    live: Liveness,
     /// Calls that may claim hold it shared until their rows are in
     /// `holding`; the check for lost claims holds it alone.
     claiming: RwLock<()>,
     /// A claiming call failed (its commit may have happened without its
     /// answer reaching us), or the node just started: check for lost claims.
     check_lost: AtomicBool,
+}
+
+/// A step running here: its claim token, a handle to stop it, and a token
+/// cancelled once it has ended.
+struct Running {
+    token: i64,
+    abort: AbortHandle,
+    ended: CancellationToken,
 }
 
 /// The pick's configuration parameters, built once.
@@ -91,7 +105,13 @@ struct PickParams {
 impl Node {
     pub async fn start(inner: Arc<Inner>) -> Result<Node> {
         let cfg = &inner.cfg;
-        heartbeat(&inner).await?;
+        let live = Liveness::new(cfg.lease.saturating_sub(cfg.heartbeat_interval));
+        let sent = Instant::now();
+        heartbeat(&inner, &inner.pool).await?;
+        live.renewed(sent);
+        // Rows still held under this node's id belong to a process that
+        // ended (this one has claimed nothing yet): a crash is an attempt.
+        reap(&inner, Some(&cfg.node_id)).await?;
         let (tx, rx) = mpsc::unbounded_channel();
         let pick = PickParams {
             workflows: inner.workflows.keys().cloned().collect(),
@@ -138,7 +158,8 @@ impl Node {
             writer_wake: Notify::new(),
             call_time: Smoothed::default(),
             pick,
-            holding: StdMutex::new(HashSet::new()),
+            holding: StdMutex::new(HashMap::new()),
+            live,
             claiming: RwLock::new(()),
             check_lost: AtomicBool::new(true),
             inner: inner.clone(),
@@ -150,12 +171,31 @@ impl Node {
         let pickers = cfg
             .queues
             .keys()
-            .map(|q| tokio::spawn(picker(shared.clone(), q.clone())))
+            .map(|q| {
+                let (sh, q) = (shared.clone(), q.clone());
+                supervised("picker", move || picker(sh.clone(), q.clone()))
+            })
             .collect();
-        let background = vec![
-            tokio::spawn(listen(shared.clone())),
-            tokio::spawn(maintain(shared.clone())),
+        let mut background = vec![
+            supervised("heartbeat", {
+                let sh = shared.clone();
+                move || heartbeats(sh.clone())
+            }),
+            supervised("listener", {
+                let sh = shared.clone();
+                move || listen(sh.clone())
+            }),
+            supervised("maintenance", {
+                let sh = shared.clone();
+                move || maintain(sh.clone())
+            }),
         ];
+        if !cfg.rates.is_empty() {
+            background.extend(cfg.queues.keys().map(|q| {
+                let (sh, q) = (shared.clone(), q.clone());
+                supervised("rate waker", move || rate_waker(sh.clone(), q.clone()))
+            }));
+        }
         Ok(Node {
             shared,
             pickers,
@@ -177,7 +217,8 @@ impl Node {
             .await
             .is_err()
         {
-            let running: Vec<AbortHandle> = lock(&sh.running).drain().map(|(_, h)| h).collect();
+            let running: Vec<AbortHandle> =
+                lock(&sh.running).drain().map(|(_, r)| r.abort).collect();
             tracing::warn!(
                 steps = running.len(),
                 "shutdown timeout: aborting steps still running; they are recorded as errors"
@@ -204,6 +245,22 @@ impl Node {
 
 fn lock<T>(m: &StdMutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Run an engine task, restarting it if it panics (what it held, permits and
+/// connections, went back as it unwound). It ends when `task` returns.
+fn supervised<F, Fut>(name: &'static str, task: F) -> JoinHandle<()>
+where
+    F: Fn() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    use futures::FutureExt;
+    tokio::spawn(async move {
+        while let Err(panic) = std::panic::AssertUnwindSafe(task()).catch_unwind().await {
+            tracing::error!(task = name, panic = %payload_message(&*panic), "engine task panicked; restarting it");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
 }
 
 impl Shared {
@@ -248,6 +305,8 @@ struct QueueWake {
     dry_at: AtomicU64,
     /// Whether the last pick came back short.
     short: AtomicBool,
+    /// Told of every pick that came back short (see `rate_waker`).
+    short_pick: Notify,
 }
 
 impl QueueWake {
@@ -265,6 +324,9 @@ impl QueueWake {
         let dry = if got < wanted { before + 1 } else { 0 };
         self.dry_at.store(dry, SeqCst);
         self.short.store(got < wanted, SeqCst);
+        if got < wanted {
+            self.short_pick.notify_one();
+        }
     }
 
     fn is_short(&self) -> bool {
@@ -282,16 +344,22 @@ async fn picker(sh: Arc<Shared>, queue: String) {
     let prefetch = &sh.prefetch[&queue];
     let mut retry = Backoff::new();
     loop {
+        // A node that may have been presumed dead claims nothing until it
+        // has heartbeated again.
+        tokio::select! {
+            _ = sh.live.wait() => {}
+            _ = sh.shutdown.cancelled() => return,
+        }
         // Claim while there is room and the queue has work.
         loop {
             if sh.shutdown.is_cancelled() {
                 return;
             }
             let free = prefetch.demand(slots.available_permits());
-            if free == 0 {
+            if free == 0 || !sh.live.is_live() {
                 break;
             }
-            let Ok(mut permits) = slots.clone().try_acquire_many_owned(free as u32) else {
+            let Ok(permits) = slots.clone().try_acquire_many_owned(free as u32) else {
                 break;
             };
             let before = wake.before_pick();
@@ -300,14 +368,7 @@ async fn picker(sh: Arc<Shared>, queue: String) {
                     wake.picked(before, free, rows.len());
                     retry.reset();
                     let got = rows.len();
-                    if sh.shutdown.is_cancelled() {
-                        hand_back(&sh, rows);
-                        return;
-                    }
-                    for row in rows {
-                        let permit = permits.split(1).expect("one permit per claimed row");
-                        spawn_step(&sh, row, permit, None, None);
-                    }
+                    start_claimed(&sh, rows, permits);
                     if got < free {
                         break;
                     }
@@ -329,6 +390,66 @@ async fn picker(sh: Arc<Shared>, queue: String) {
             _ = sh.shutdown.cancelled() => return,
         }
     }
+}
+
+/// Start claimed rows, one claim permit each (rows beyond the permits, which
+/// a correct call never returns, and rows claimed while stopping go back).
+fn start_claimed(sh: &Arc<Shared>, rows: Vec<Claimed>, mut permits: OwnedSemaphorePermit) {
+    if sh.shutdown.is_cancelled() {
+        hand_back(sh, rows);
+        return;
+    }
+    let mut extra = Vec::new();
+    for row in rows {
+        match permits.split(1) {
+            Some(permit) => spawn_step(sh, row, permit, None, None),
+            None => extra.push(row),
+        }
+    }
+    if !extra.is_empty() {
+        tracing::error!(
+            rows = extra.len(),
+            "a call claimed more rows than it had slots for; giving them back"
+        );
+        hand_back(sh, extra);
+    }
+}
+
+/// With rate limits configured: after a pick of `queue` comes back short,
+/// wake the queue when a rate limit next allows a start, so a backlog waiting
+/// for it is picked then, not at the next poll, and drains at its limit.
+/// Short picks while it waits are folded into one look.
+async fn rate_waker(sh: Arc<Shared>, queue: String) {
+    let wake = sh.wakes[&queue].clone();
+    loop {
+        tokio::select! {
+            _ = wake.short_pick.notified() => {}
+            _ = sh.shutdown.cancelled() => return,
+        }
+        if let Some(wait) = next_rate_start(&sh).await {
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => wake.wake(),
+                _ = sh.shutdown.cancelled() => return,
+            }
+        }
+    }
+}
+
+/// How long until a configured rate limit that is exhausted now allows a
+/// start again.
+async fn next_rate_start(sh: &Shared) -> Option<Duration> {
+    let p = &sh.pick;
+    if p.rate_names.is_empty() {
+        return None;
+    }
+    let secs: Option<f64> = sqlx::query_scalar(&sh.inner.sql.next_rate_start)
+        .bind(&p.rate_names)
+        .bind(&p.rate_tolerances)
+        .fetch_one(&sh.inner.pool)
+        .await
+        .ok()
+        .flatten();
+    secs.map(|s| Duration::from_secs_f64(s.clamp(0.001, 3600.0)))
 }
 
 /// One pick on the pool; a lost K = 1 race (the unique index refusing a
@@ -383,6 +504,8 @@ struct Handoff {
     handed_over: usize,
     /// The keys the outcomes freed that are still free after the call.
     released_keys: Vec<String>,
+    /// The successors the outcomes name that run under this node now.
+    promoted: Vec<i64>,
     claimed: Vec<Claimed>,
 }
 
@@ -396,7 +519,7 @@ async fn handoff(
     sh: &Shared,
     outcomes: &[OutcomeRow],
     demand: &[Demand<'_>],
-    unreserve: Vec<i64>,
+    unreserve: Vec<(i64, i64)>,
 ) -> sqlx::Result<Handoff> {
     let inner = &sh.inner;
     let picks = demand.iter().filter(|d| !d.skip_pick).count();
@@ -433,9 +556,16 @@ async fn handoff(
         // Outcomes first: the same call may claim a row it just recorded.
         let mut holding = lock(&sh.holding);
         for o in outcomes {
-            holding.remove(&o.id);
+            if holding.get(&o.id) == Some(&o.token) {
+                holding.remove(&o.id);
+            }
         }
-        holding.extend(h.claimed.iter().map(|r| r.id));
+        holding.extend(h.claimed.iter().map(|r| (r.id, r.token)));
+    }
+    for o in outcomes {
+        if let (Some(p), Some(next)) = (&o.promotion, o.next) {
+            p.settle(h.promoted.contains(&next));
+        }
     }
     // The claimed rows hold their keys before their successors are filed.
     sh.successors(|s| {
@@ -464,6 +594,7 @@ fn read_handoff(rows: &[sqlx::postgres::PgRow]) -> sqlx::Result<(Handoff, Vec<Cl
         released: 0,
         handed_over: 0,
         released_keys: Vec::new(),
+        promoted: Vec::new(),
         claimed: Vec::with_capacity(rows.len()),
     };
     let mut reserved = Vec::new();
@@ -474,6 +605,7 @@ fn read_handoff(rows: &[sqlx::postgres::PgRow]) -> sqlx::Result<(Handoff, Vec<Cl
                 h.released = r.try_get::<i32, _>("released")? as usize;
                 h.handed_over = r.try_get::<i32, _>("handed_over")? as usize;
                 h.released_keys = r.try_get("released_keys")?;
+                h.promoted = r.try_get("promoted")?;
             }
             Some(false) => h.claimed.push(claimed_from_row(r)?),
             Some(true) => reserved.push(claimed_from_row(r)?),
@@ -488,7 +620,7 @@ async fn call_handoff<'e>(
     exec: impl sqlx::PgExecutor<'e>,
     outcomes: &[OutcomeRow],
     demand: &[Demand<'_>],
-    unreserve: &[i64],
+    unreserve: &[(i64, i64)],
 ) -> sqlx::Result<Vec<sqlx::postgres::PgRow>> {
     let inner = &sh.inner;
     let p = &sh.pick;
@@ -496,6 +628,7 @@ async fn call_handoff<'e>(
     let rows: Vec<i32> = demand.iter().map(|d| d.rows as i32).collect();
     let skip_pick: Vec<bool> = demand.iter().map(|d| d.skip_pick).collect();
     let reserve: Vec<bool> = demand.iter().map(|d| d.reserve).collect();
+    let (unreserve, unreserve_tokens): (Vec<i64>, Vec<i64>) = unreserve.iter().copied().unzip();
     sqlx::query(&inner.sql.handoff)
         .bind(sqlx::types::Json(outcomes))
         .bind(&inner.cfg.node_id)
@@ -505,7 +638,8 @@ async fn call_handoff<'e>(
         .bind(&rows)
         .bind(&skip_pick)
         .bind(&reserve)
-        .bind(unreserve)
+        .bind(&unreserve)
+        .bind(&unreserve_tokens)
         .bind(WINDOW_FACTOR)
         .bind(&p.workflows)
         .bind(&p.gate_names)
@@ -573,6 +707,7 @@ fn claimed_from_row(r: &sqlx::postgres::PgRow) -> sqlx::Result<Claimed> {
         gate_shard: r.try_get("gate_shard")?,
         rate_key: r.try_get("rate_key")?,
         wake: r.try_get("wake")?,
+        token: r.try_get("token")?,
     })
 }
 
@@ -581,7 +716,7 @@ fn claimed_from_row(r: &sqlx::postgres::PgRow) -> sqlx::Result<Claimed> {
 /// its last pick found nothing more, so an inserted row never goes ahead of a
 /// backlog this node could be running.
 pub(crate) fn local_slots(sh: &Shared, queue: &str, n: usize) -> Option<OwnedSemaphorePermit> {
-    if sh.shutdown.is_cancelled() || !sh.wakes.get(queue)?.is_short() {
+    if sh.shutdown.is_cancelled() || !sh.live.is_live() || !sh.wakes.get(queue)?.is_short() {
         return None;
     }
     let idle = sh.runs[queue].available_permits().min(n);
@@ -614,13 +749,20 @@ pub(crate) fn start_inserted(
     let n = rows.len() as u64;
     Stats::add(&sh.inner.stats.claimed, n);
     Stats::add(&sh.inner.stats.started_on_insert, n);
-    lock(&sh.holding).extend(rows.iter().map(|r| r.id));
+    lock(&sh.holding).extend(rows.iter().map(|r| (r.id, r.token)));
+    let mut extra = Vec::new();
     for row in rows {
-        let claim = slots
-            .get_mut(&row.queue)
-            .and_then(|p| p.split(1))
-            .expect("a slot per started row");
-        spawn_step(sh, row, claim, None, None);
+        match slots.get_mut(&row.queue).and_then(|p| p.split(1)) {
+            Some(claim) => spawn_step(sh, row, claim, None, None),
+            None => extra.push(row),
+        }
+    }
+    if !extra.is_empty() {
+        tracing::error!(
+            rows = extra.len(),
+            "an insert claimed more rows than it had slots for; giving them back"
+        );
+        hand_back(sh, extra);
     }
 }
 
@@ -635,13 +777,15 @@ fn hand_back(sh: &Shared, rows: Vec<Claimed>) {
 /// Run a claimed row: wait for a running slot (unless it comes with one: a
 /// successor takes its predecessor's), run the step, queue its outcome, and
 /// start the key's reserved successor in the slot, if there is one.
-/// `after`: a successor's outcome waits until its promotion is written.
+/// `promotion`: a successor's, settled when the call recording its
+/// predecessor's outcome is written; a successor not promoted there was not
+/// admitted, so it is stopped and its outcome never sent.
 fn spawn_step(
     sh: &Arc<Shared>,
     row: Claimed,
     claim: OwnedSemaphorePermit,
     run: Option<OwnedSemaphorePermit>,
-    after: Option<oneshot::Receiver<()>>,
+    promotion: Option<oneshot::Receiver<bool>>,
 ) {
     let Some(workflow) = sh.inner.workflows.get(&row.workflow).cloned() else {
         // The pick only claims workflows this node knows.
@@ -662,11 +806,28 @@ fn spawn_step(
                 run = runs.acquire_owned() => run.ok(),
             },
         };
+        // A node that may have been presumed dead starts nothing: its rows
+        // may run elsewhere already. A successor has no claim to give back
+        // until its promotion, which it waits for below.
+        let run = run.filter(|_| promotion.is_some() || sh.live.is_live());
         let Some(run) = run else {
             drop(claim);
             hand_back(&sh, vec![row]);
             return;
         };
+        // Never two runs of one instance here: a run still going on an
+        // earlier claim of the row (rescued meanwhile) is stopped first.
+        let prior = lock(&sh.running)
+            .get(&row.id)
+            .map(|r| (r.abort.clone(), r.ended.clone()));
+        if let Some((abort, ended)) = prior {
+            tracing::warn!(
+                id = row.id,
+                "stopping the run of an earlier claim of this instance before starting it again"
+            );
+            abort.abort();
+            ended.cancelled().await;
+        }
         sh.prefetch[&row.queue].started();
         let ctx = StepContext {
             id: row.id,
@@ -681,11 +842,40 @@ fn spawn_step(
         let (step, state) = (row.step.clone(), row.state.clone());
         let wf = workflow.clone();
         let began = Instant::now();
-        let user = tokio::spawn(async move { wf.step(&step, state, ctx).await });
-        lock(&sh.running).insert(row.id, user.abort_handle());
-        let result = user.await;
+        let mut user = tokio::spawn(async move { wf.step(&step, state, ctx).await });
+        let ended = CancellationToken::new();
+        lock(&sh.running).insert(
+            row.id,
+            Running {
+                token: row.token,
+                abort: user.abort_handle(),
+                ended: ended.clone(),
+            },
+        );
+        let _ended = ended.drop_guard();
+        // A successor runs while its promotion is being written; if it was
+        // not admitted, it is stopped at once.
+        let mut promotion = promotion;
+        let result = loop {
+            match promotion.as_mut() {
+                None => break (&mut user).await,
+                Some(p) => tokio::select! {
+                    r = &mut user => break r,
+                    admitted = p => {
+                        promotion = None;
+                        if admitted != Ok(true) {
+                            user.abort();
+                            let _ = (&mut user).await;
+                            forget_running(&sh, &row);
+                            not_admitted(&sh, &row);
+                            return;
+                        }
+                    }
+                },
+            }
+        };
         sh.prefetch[&row.queue].ran(began.elapsed());
-        lock(&sh.running).remove(&row.id);
+        forget_running(&sh, &row);
         let cfg = &sh.inner.cfg;
         let mut outcome = match result {
             Ok(Ok(t)) => OutcomeRow::from_transition(&row, cfg, Some(&*workflow), t),
@@ -708,7 +898,14 @@ fn spawn_step(
                 "aborted: the step did not finish within the shutdown timeout".into(),
             ),
         };
-        let next = if sh.shutdown.is_cancelled() {
+        // A successor whose step ended before its promotion was settled.
+        if let Some(p) = promotion {
+            if p.await != Ok(true) {
+                not_admitted(&sh, &row);
+                return;
+            }
+        }
+        let next = if sh.shutdown.is_cancelled() || !sh.live.is_live() {
             sh.successors(|s| s.release(&row));
             None
         } else {
@@ -717,7 +914,7 @@ fn spawn_step(
             sh.successors(|s| {
                 let next = s.next(&row);
                 if let Some(n) = &next {
-                    lock(&sh.holding).insert(n.id);
+                    lock(&sh.holding).insert(n.id, n.token);
                 }
                 next
             })
@@ -726,9 +923,10 @@ fn spawn_step(
             Some(next) => {
                 // A claim too: promoted in this outcome's call.
                 Stats::add(&sh.inner.stats.claimed, 1);
-                let (written, promoted) = oneshot::channel();
+                let (promotion, promoted) = Promotion::new();
                 outcome.next = Some(next.id);
-                outcome.written = Some(Arc::new(written));
+                outcome.ntoken = Some(next.token - 1);
+                outcome.promotion = Some(Arc::new(promotion));
                 spawn_step(&sh, next, claim, Some(run), Some(promoted));
             }
             None => {
@@ -738,16 +936,45 @@ fn spawn_step(
                 outcome.slot = Some(Arc::new(claim));
             }
         }
-        // A successor's outcome needs its promotion written first.
-        if let Some(after) = after {
-            let _ = after.await;
-        }
         let _ = sh.outcomes.send(outcome);
     });
 }
 
+/// A step of `row` is no longer running here.
+fn forget_running(sh: &Shared, row: &Claimed) {
+    let mut running = lock(&sh.running);
+    if running.get(&row.id).is_some_and(|r| r.token == row.token) {
+        running.remove(&row.id);
+    }
+}
+
+/// A successor whose promotion did not happen (its predecessor's outcome
+/// was fenced: the predecessor's row was rescued or given back). It was
+/// never admitted, so nothing it did is recorded; its reservation, if the
+/// node still has it, goes back.
+fn not_admitted(sh: &Shared, row: &Claimed) {
+    Stats::add(&sh.inner.stats.not_admitted, 1);
+    tracing::warn!(
+        id = row.id,
+        "a successor was not admitted (its predecessor's outcome was fenced); its run is dropped"
+    );
+    {
+        let mut holding = lock(&sh.holding);
+        if holding.get(&row.id) == Some(&row.token) {
+            holding.remove(&row.id);
+        }
+    }
+    sh.successors(|s| {
+        s.release(row);
+        s.restore_dangling(vec![(row.id, row.token - 1)]);
+    });
+}
+
 fn panic_message(j: tokio::task::JoinError) -> String {
-    let payload = j.into_panic();
+    payload_message(&*j.into_panic())
+}
+
+fn payload_message(payload: &(dyn std::any::Any + Send)) -> String {
     if let Some(s) = payload.downcast_ref::<&str>() {
         (*s).to_owned()
     } else if let Some(s) = payload.downcast_ref::<String>() {
@@ -819,17 +1046,31 @@ async fn write_outcomes(
         }
         let sh = sh.clone();
         inflight.spawn(async move {
+            use futures::FutureExt;
             let mut batch = batch;
             let carried = carried_slots(&mut batch);
-            if let Err(e) = write_and_claim(&sh, &batch, carried).await {
-                tracing::debug!(error = %e, "outcome and claim in one call failed; writing the outcomes alone");
-                write_batch(&sh, batch, None).await;
+            let first = std::panic::AssertUnwindSafe(write_and_claim(&sh, &batch, carried))
+                .catch_unwind()
+                .await;
+            match first {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    tracing::debug!(error = %e, "outcome and claim in one call failed; writing the outcomes alone");
+                    write_batch(&sh, batch, None).await;
+                }
+                Err(panic) => {
+                    tracing::error!(panic = %payload_message(&*panic), "writing outcomes panicked; writing them alone");
+                    sh.check_lost.store(true, SeqCst);
+                    write_batch(&sh, batch, None).await;
+                }
             }
         });
     }
 }
 
-/// The claim slots a batch's outcomes carry, merged per queue.
+/// The claim slots a batch's outcomes carry, merged per queue. A slot is
+/// merged only with slots of its own queue's semaphore (a slot that came
+/// from another goes back to it).
 fn carried_slots(batch: &mut [OutcomeRow]) -> HashMap<String, OwnedSemaphorePermit> {
     let mut carried: HashMap<String, OwnedSemaphorePermit> = HashMap::new();
     for o in batch {
@@ -837,7 +1078,8 @@ fn carried_slots(batch: &mut [OutcomeRow]) -> HashMap<String, OwnedSemaphorePerm
             continue;
         };
         match carried.get_mut(&o.queue) {
-            Some(p) => p.merge(slot),
+            Some(p) if Arc::ptr_eq(p.semaphore(), slot.semaphore()) => p.merge(slot),
+            Some(_) => drop(slot),
             None => {
                 carried.insert(o.queue.clone(), slot);
             }
@@ -862,7 +1104,7 @@ async fn write_and_claim(
         before: u64,
     }
     let mut claims = Vec::new();
-    if !sh.shutdown.is_cancelled() {
+    if !sh.shutdown.is_cancelled() && sh.live.is_live() {
         // The queues these outcomes freed slots in.
         for (queue, slots) in sh
             .slots
@@ -873,12 +1115,14 @@ async fn write_and_claim(
             // prefetch wants on top. Even with none (a picker may hold the
             // free ones) the queue is listed: the successors promoted here
             // get their own reserved.
-            let mut permits = carried.remove(queue.as_str()).unwrap_or_else(|| {
-                slots
-                    .clone()
-                    .try_acquire_many_owned(0)
-                    .expect("zero permits")
-            });
+            let carried = carried
+                .remove(queue.as_str())
+                .filter(|p| Arc::ptr_eq(p.semaphore(), slots));
+            let Some(mut permits) =
+                carried.or_else(|| slots.clone().try_acquire_many_owned(0).ok())
+            else {
+                continue;
+            };
             let own = permits.num_permits();
             let want = sh.prefetch[queue].demand(slots.available_permits() + own);
             if want > own {
@@ -909,7 +1153,8 @@ async fn write_and_claim(
     }
     let demand: Vec<Demand> = claims.iter().map(|c| c.want).collect();
     let unreserve = sh.successors(|s| s.take_dangling());
-    let h = handoff(sh, batch, &demand, unreserve).await?;
+    let mut h = handoff(sh, batch, &demand, unreserve).await?;
+    let mut claimed = std::mem::take(&mut h.claimed);
     if h.released > 0 {
         // Keys or slots went free with nobody taking them over: rows of those
         // keys may wait in any queue.
@@ -917,7 +1162,7 @@ async fn write_and_claim(
     }
     for c in &claims {
         if !c.want.skip_pick && c.want.rows > 0 {
-            let got = h.claimed.iter().filter(|r| r.queue == c.want.queue).count();
+            let got = claimed.iter().filter(|r| r.queue == c.want.queue).count();
             c.wake.picked(c.before, c.want.rows, got);
         }
         if c.wake.before_pick() != c.before {
@@ -926,17 +1171,18 @@ async fn write_and_claim(
             c.wake.notify.notify_one();
         }
     }
-    if sh.shutdown.is_cancelled() {
-        hand_back(sh, h.claimed);
-        return Ok(());
+    for c in claims {
+        let (mine, rest): (Vec<Claimed>, Vec<Claimed>) =
+            claimed.into_iter().partition(|r| r.queue == c.want.queue);
+        claimed = rest;
+        start_claimed(sh, mine, c.permits);
     }
-    for row in h.claimed {
-        let c = claims
-            .iter_mut()
-            .find(|c| c.want.queue == row.queue)
-            .expect("rows are claimed only for queues with permits");
-        let permit = c.permits.split(1).expect("one permit per claimed row");
-        spawn_step(sh, row, permit, None, None);
+    if !claimed.is_empty() {
+        tracing::error!(
+            rows = claimed.len(),
+            "a call claimed rows for a queue it did not ask for; giving them back"
+        );
+        hand_back(sh, claimed);
     }
     Ok(())
 }
@@ -1039,44 +1285,132 @@ async fn listen(sh: Arc<Shared>) {
     }
 }
 
-async fn heartbeat(inner: &Inner) -> Result<()> {
+/// Record this node's heartbeat on `exec`. Returns how long ago its previous
+/// heartbeat was recorded (None: it had none, or its row was deleted as dead).
+async fn heartbeat<'e>(inner: &Inner, exec: impl sqlx::PgExecutor<'e>) -> Result<Option<f64>> {
     let queues = serde_json::to_value(&inner.cfg.queues).unwrap_or_default();
-    let others: i64 = sqlx::query_scalar(&inner.sql.heartbeat)
+    let row = sqlx::query(&inner.sql.heartbeat)
         .bind(&inner.cfg.node_id)
         .bind(crate::config::hostname())
         .bind(std::process::id() as i32)
         .bind(queues)
         .bind(inner.cfg.lease.as_secs_f64())
-        .fetch_one(&inner.pool)
+        .fetch_one(exec)
         .await?;
+    let others: i64 = row.try_get(0)?;
     inner.others_alive.store(others > 0, Relaxed);
+    Ok(row.try_get(1)?)
+}
+
+/// Heartbeats, on a connection of their own, so that nothing else the node
+/// does (maintenance, a pool busy with claims, a reconnect storm) holds them
+/// back. Failed ones are retried at once after a short pause. After a gap in
+/// which the node may have been presumed dead, its running steps whose rows
+/// were rescued meanwhile are stopped (their outcomes would be fenced anyway)
+/// and lost claims are looked for.
+async fn heartbeats(sh: Arc<Shared>) {
+    let inner = &sh.inner;
+    let cfg = &inner.cfg;
+    let mut conn: Option<sqlx::PgConnection> = None;
+    let mut retry = Backoff::new();
+    let mut last_ok = Instant::now();
+    loop {
+        let sent = Instant::now();
+        let beat = async {
+            if conn.is_none() {
+                let options = inner.pool.connect_options();
+                conn = Some(sqlx::Connection::connect_with(&*options).await?);
+            }
+            let c = conn.as_mut().ok_or(sqlx::Error::PoolClosed)?;
+            heartbeat(inner, &mut *c).await
+        };
+        let pause = match tokio::time::timeout(cfg.heartbeat_interval, beat).await {
+            Ok(Ok(gap)) => {
+                retry.reset();
+                let was_live = sh.live.renewed(sent);
+                let late = gap.map_or(true, |g| g >= cfg.lease.as_secs_f64())
+                    || sent - last_ok >= cfg.lease;
+                last_ok = sent;
+                if !was_live || late {
+                    tracing::warn!(
+                        "this node was not heartbeating for a lease or more; checking which of its steps are still its own"
+                    );
+                    sh.check_lost.store(true, SeqCst);
+                    if let Some(c) = conn.as_mut() {
+                        if let Err(e) = stop_lost_steps(&sh, c).await {
+                            tracing::warn!(error = %e, "checking this node's steps failed");
+                            conn = None;
+                        }
+                    }
+                }
+                cfg.heartbeat_interval
+            }
+            failed => {
+                match failed {
+                    Ok(Err(e)) => tracing::warn!(error = %e, "heartbeat failed"),
+                    _ => tracing::warn!("heartbeat timed out"),
+                }
+                conn = None;
+                retry.next().min(cfg.heartbeat_interval)
+            }
+        };
+        tokio::select! {
+            _ = tokio::time::sleep(pause) => {}
+            _ = sh.shutdown.cancelled() => return,
+        }
+    }
+}
+
+/// Stop the running steps whose claim the database no longer holds for this
+/// node (rescued while the node was presumed dead). A successor waiting for
+/// its promotion is left alone: the promotion settles it.
+async fn stop_lost_steps(sh: &Shared, conn: &mut sqlx::PgConnection) -> Result<()> {
+    let rows = sqlx::query(&sh.inner.sql.held_by_node)
+        .bind(&sh.inner.cfg.node_id)
+        .fetch_all(&mut *conn)
+        .await?;
+    let mut ours = HashSet::new();
+    for r in &rows {
+        let (id, token): (i64, i64) = (r.try_get("id")?, r.try_get("token")?);
+        let executing: bool = r.try_get("executing")?;
+        // A reserved row runs here as a successor under the next token.
+        ours.insert((id, if executing { token } else { token + 1 }));
+    }
+    let lost: Vec<(i64, AbortHandle)> = lock(&sh.running)
+        .iter()
+        .filter(|(id, r)| !ours.contains(&(**id, r.token)))
+        .map(|(id, r)| (*id, r.abort.clone()))
+        .collect();
+    for (id, abort) in lost {
+        tracing::warn!(
+            id,
+            "stopping a step whose row was rescued while this node was presumed dead"
+        );
+        Stats::add(&sh.inner.stats.stopped, 1);
+        abort.abort();
+    }
     Ok(())
 }
 
-/// Heartbeat, stage due rows, rescue rows of dead nodes, reconcile gates and
-/// prune, each on its own cadence. Failures are logged and retried next time.
+/// Stage due rows, rescue rows of dead nodes, give back lost claims,
+/// reconcile gates and prune, each on its own cadence and each bounded per
+/// pass. Failures are logged and retried next time.
 async fn maintain(sh: Arc<Shared>) {
     let inner = &sh.inner;
     let cfg = &inner.cfg;
     let tick = cfg.poll_interval.min(cfg.heartbeat_interval);
-    let mut last_beat = Instant::now();
     let mut last_reap = Instant::now() - cfg.heartbeat_interval;
     let mut last_gc = Instant::now();
+    let mut gates_after: Option<String> = None;
     let mut last_prune = Instant::now() - Duration::from_secs(3600);
     loop {
         let now = Instant::now();
-        if now - last_beat >= cfg.heartbeat_interval {
-            match heartbeat(inner).await {
-                Ok(()) => last_beat = now,
-                Err(e) => tracing::warn!(error = %e, "heartbeat failed"),
-            }
-        }
         if let Err(e) = stage(inner).await {
             tracing::debug!(error = %e, "staging failed");
         }
         if now - last_reap >= cfg.heartbeat_interval {
             last_reap = now;
-            if let Err(e) = reap(inner).await {
+            if let Err(e) = reap(inner, None).await {
                 tracing::debug!(error = %e, "reaping failed");
             }
         }
@@ -1086,16 +1420,25 @@ async fn maintain(sh: Arc<Shared>) {
                 tracing::debug!(error = %e, "checking for lost claims failed");
             }
         }
-        if now - last_gc >= cfg.gc_interval {
-            last_gc = now;
-            if let Err(e) = reconcile_gates(inner).await {
-                tracing::debug!(error = %e, "gate reconciliation failed");
+        // A sweep over many gate keys goes on at the next tick.
+        if gates_after.is_some() || now - last_gc >= cfg.gc_interval {
+            if gates_after.is_none() {
+                last_gc = now;
+            }
+            match reconcile_gates_from(inner, gates_after.as_deref()).await {
+                Ok((_, next)) => gates_after = next,
+                Err(e) => tracing::debug!(error = %e, "gate reconciliation failed"),
             }
         }
         if now - last_prune >= Duration::from_secs(60) {
-            last_prune = now;
-            if let Err(e) = prune(inner).await {
-                tracing::debug!(error = %e, "pruning failed");
+            match prune_batch(inner).await {
+                // A full batch: more to prune at the next tick.
+                Ok(n) if n >= PRUNE_BATCH as u64 => {}
+                Ok(_) => last_prune = now,
+                Err(e) => {
+                    last_prune = now;
+                    tracing::debug!(error = %e, "pruning failed");
+                }
             }
         }
         tokio::select! {
@@ -1107,10 +1450,11 @@ async fn maintain(sh: Arc<Shared>) {
 
 /// Give back rows the database says this node claimed or reserved but the
 /// node never heard of: a call that committed while its answer was lost (a
-/// dropped connection, a server restart), or a previous process with the same
-/// node id. Nothing else can free them while this node heartbeats. Claiming
-/// calls are held off while the rows are listed, so every row they claimed is
-/// known by then.
+/// dropped connection, a server restart). Nothing else can free them while
+/// this node heartbeats. Claiming calls are held off while the rows are
+/// listed, so every row they claimed is known by then. A row is this node's
+/// only under the token of its claim: one claimed again by a call whose
+/// answer was lost is given back even if an earlier claim of it is known.
 async fn give_back_lost(sh: &Shared) -> Result<()> {
     let guard = sh.claiming.write().await;
     let rows = sqlx::query(&sh.inner.sql.held_by_node)
@@ -1124,13 +1468,12 @@ async fn give_back_lost(sh: &Shared) -> Result<()> {
         let holding = lock(&sh.holding);
         for r in &rows {
             let row = claimed_from_row(r)?;
-            if holding.contains(&row.id) {
-                continue;
-            }
             if r.try_get::<bool, _>("executing")? {
-                lost.push(row);
-            } else if !successors.is_reserved(row.id) {
-                unreserve.push(row.id);
+                if holding.get(&row.id) != Some(&row.token) {
+                    lost.push(row);
+                }
+            } else if !holding.contains_key(&row.id) && !successors.is_reserved(row.id, row.token) {
+                unreserve.push((row.id, row.token));
             }
         }
     }
@@ -1162,48 +1505,76 @@ async fn stage(inner: &Inner) -> Result<u64> {
     Ok(row.try_get::<i64, _>(0)? as u64)
 }
 
-/// Rescue rows of nodes whose heartbeat is stale; forget long-dead nodes.
-pub(crate) async fn reap(inner: &Inner) -> Result<u64> {
+/// Rescue rows of nodes presumed dead (or, with `own`, the rows a previous
+/// process of this node id left); forget long-dead nodes.
+pub(crate) async fn reap(inner: &Inner, own: Option<&str>) -> Result<u64> {
     let lease = inner.cfg.lease.as_secs_f64();
     let row = sqlx::query(&inner.sql.reap)
         .bind(lease)
         .bind(&inner.sql.channel)
+        .bind(own)
         .fetch_one(&inner.pool)
         .await?;
     let rescued = row.try_get::<i64, _>(0)? as u64;
     Stats::add(&inner.stats.rescued, rescued);
-    sqlx::query(&inner.sql.forget_dead_nodes)
-        .bind(lease * 3.0)
-        .execute(&inner.pool)
-        .await?;
+    if own.is_none() {
+        sqlx::query(&inner.sql.forget_dead_nodes)
+            .bind(lease * 3.0)
+            .execute(&inner.pool)
+            .await?;
+    }
     Ok(rescued)
 }
 
-/// One reconciler sweep: repair gate counters from the executing rows and
-/// delete the counters of idle keys. Returns how many counters it changed.
-pub(crate) async fn reconcile_gates(inner: &Inner) -> Result<u64> {
+/// One bounded reconciler pass from the gate key after `after`: repair gate
+/// counters from the executing rows and delete the counters of idle keys.
+/// Returns how many counters it changed and where the next pass goes on
+/// (None: the sweep reached the end).
+async fn reconcile_gates_from(inner: &Inner, after: Option<&str>) -> Result<(u64, Option<String>)> {
     let row = sqlx::query(&inner.sql.reconcile)
+        .bind(after)
+        .bind(RECONCILE_BATCH)
         .fetch_one(&inner.pool)
         .await?;
-    let total = row.try_get::<i32, _>(0)? as u64;
-    sqlx::query(&inner.sql.prune_rates)
-        .execute(&inner.pool)
-        .await?;
+    let changed = row.try_get::<i32, _>(0)? as u64;
+    let next: Option<String> = row.try_get(1)?;
+    if next.is_none() {
+        sqlx::query(&inner.sql.prune_rates)
+            .execute(&inner.pool)
+            .await?;
+    }
+    Ok((changed, next))
+}
+
+/// A whole reconciler sweep (on demand). Returns how many counters it changed.
+pub(crate) async fn reconcile_gates(inner: &Inner) -> Result<u64> {
+    let (mut total, mut after) = reconcile_gates_from(inner, None).await?;
+    while let Some(key) = after {
+        let (n, next) = reconcile_gates_from(inner, Some(&key)).await?;
+        total += n;
+        after = next;
+    }
     Ok(total)
 }
 
-pub(crate) async fn prune(inner: &Inner) -> Result<u64> {
+/// Prune one batch of finished rows past their retention.
+async fn prune_batch(inner: &Inner) -> Result<u64> {
     let Some(retention) = inner.cfg.retention else {
         return Ok(0);
     };
+    Ok(sqlx::query(&inner.sql.prune)
+        .bind(retention.as_secs_f64())
+        .bind(PRUNE_BATCH)
+        .execute(&inner.pool)
+        .await?
+        .rows_affected())
+}
+
+/// Prune every finished row past its retention (on demand).
+pub(crate) async fn prune(inner: &Inner) -> Result<u64> {
     let mut total = 0;
     loop {
-        let done = sqlx::query(&inner.sql.prune)
-            .bind(retention.as_secs_f64())
-            .bind(PRUNE_BATCH)
-            .execute(&inner.pool)
-            .await?
-            .rows_affected();
+        let done = prune_batch(inner).await?;
         total += done;
         if done < PRUNE_BATCH as u64 {
             return Ok(total);

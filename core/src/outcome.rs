@@ -24,6 +24,10 @@ pub(crate) struct Claimed {
     pub gate_shard: Option<i32>,
     pub rate_key: Option<String>,
     pub wake: Option<Value>,
+    /// The claim token: bumped by every claim, reservation, handover and
+    /// promotion of the row, never reused. Every write about this claim
+    /// names it, so it applies to this claim and no later one.
+    pub token: i64,
 }
 
 impl Claimed {
@@ -41,6 +45,27 @@ impl Claimed {
             gate_shard: None,
             rate_key: None,
             wake: None,
+            token: 0,
+        }
+    }
+}
+
+/// Tells a successor, started in its predecessor's slot, whether the call
+/// recording the predecessor's outcome promoted it. Dropped unsettled (the
+/// outcome was never written), it reads as not promoted.
+#[derive(Debug, Default)]
+pub(crate) struct Promotion(std::sync::Mutex<Option<tokio::sync::oneshot::Sender<bool>>>);
+
+impl Promotion {
+    pub fn new() -> (Promotion, tokio::sync::oneshot::Receiver<bool>) {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        (Promotion(std::sync::Mutex::new(Some(tx))), rx)
+    }
+
+    pub fn settle(&self, promoted: bool) {
+        let tx = self.0.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(tx) = tx {
+            let _ = tx.send(promoted);
         }
     }
 }
@@ -52,6 +77,9 @@ impl Claimed {
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct OutcomeRow {
     pub id: i64,
+    /// The claim this outcome is about: it applies to no other.
+    pub token: i64,
+    #[serde(skip)]
     pub attempt: i32,
     pub kind: &'static str,
     pub status: &'static str,
@@ -74,19 +102,23 @@ pub(crate) struct OutcomeRow {
     pub signal: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<Value>,
-    /// The key the claim held and the gate shard it debited (none for
-    /// K = 1): freed by this outcome, handed over or credited back.
+    /// The key the claim holds and the gate shard it debited (none for
+    /// K = 1): freed by this outcome, handed over or credited back. The
+    /// outcome applies only while the row holds exactly these.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub hkey: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gshard: Option<i32>,
-    /// The reserved successor started in the slot this outcome frees.
+    /// The reserved successor started in the slot this outcome frees, and
+    /// the token of its reservation.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub next: Option<i64>,
-    /// Dropped (with every clone) once the batch carrying this outcome is
-    /// written: the successor's own outcome waits for that.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ntoken: Option<i64>,
+    /// Settled once the call carrying this outcome is written: the successor
+    /// waits for it before its own outcome, and stops if not promoted.
     #[serde(skip)]
-    pub written: Option<std::sync::Arc<tokio::sync::oneshot::Sender<()>>>,
+    pub promotion: Option<std::sync::Arc<Promotion>>,
     /// The claim's slot, carried to the writer so that the call recording
     /// this outcome can claim into it (a picker cannot take it meanwhile).
     #[serde(skip)]
@@ -104,6 +136,7 @@ impl OutcomeRow {
     fn base(c: &Claimed, kind: &'static str, status: &'static str) -> OutcomeRow {
         OutcomeRow {
             id: c.id,
+            token: c.token,
             attempt: c.attempt,
             kind,
             status,
@@ -119,7 +152,8 @@ impl OutcomeRow {
             hkey: c.concurrency_key.clone(),
             gshard: c.gate_shard,
             next: None,
-            written: None,
+            ntoken: None,
+            promotion: None,
             slot: None,
             max_attempts: c.max_attempts,
             step_name: c.step.clone(),

@@ -16,6 +16,8 @@ pub struct Stats {
     pub(crate) released: AtomicU64,
     pub(crate) handed_over: AtomicU64,
     pub(crate) started_on_insert: AtomicU64,
+    pub(crate) not_admitted: AtomicU64,
+    pub(crate) stopped: AtomicU64,
 }
 
 /// A copy of the counters at one moment.
@@ -45,6 +47,12 @@ pub struct StatsSnapshot {
     /// Rows this process's inserts claimed for its own node, which started
     /// them at once without a pick (also in `claimed`).
     pub started_on_insert: u64,
+    /// Successors started in a freed slot whose promotion did not happen
+    /// (their predecessor's outcome was fenced): stopped, nothing recorded.
+    pub not_admitted: u64,
+    /// Steps stopped because their claim was no longer this node's (the
+    /// node had been presumed dead and the row rescued).
+    pub stopped: u64,
 }
 
 impl Stats {
@@ -62,6 +70,8 @@ impl Stats {
             released: self.released.load(Relaxed),
             handed_over: self.handed_over.load(Relaxed),
             started_on_insert: self.started_on_insert.load(Relaxed),
+            not_admitted: self.not_admitted.load(Relaxed),
+            stopped: self.stopped.load(Relaxed),
         }
     }
 

@@ -1,20 +1,32 @@
 //! Successors: rows a node reserved to start the moment a step of the same
 //! key ends, in the slot that step frees, without a round trip in between.
 //! The database side (reservation, promotion, release) is in the handoff
-//! migration; this is the node's bookkeeping.
+//! migrations; this is the node's bookkeeping.
+//!
+//! A successor belongs to its key *and queue*: it runs in a slot of its own
+//! queue, on that queue's permits, and is reserved only for steps of the same
+//! key in the same queue (the reservation query matches both).
 
 use crate::outcome::Claimed;
 use std::collections::{HashMap, VecDeque};
 
+/// A key within one queue: what a successor is reserved for.
+type Slot = (String, String);
+
+fn slot(row: &Claimed) -> Option<Slot> {
+    let k = row.concurrency_key.as_ref()?;
+    Some((k.clone(), row.queue.clone()))
+}
+
 #[derive(Default)]
 pub(crate) struct Successors {
-    /// Rows of each key this node holds claimed (running or about to).
-    held: HashMap<String, usize>,
-    /// Reserved rows per key, in the order they were reserved.
-    reserved: HashMap<String, VecDeque<Claimed>>,
-    /// Reserved rows no step of their key is left to hand over to: to give
-    /// back in the next handoff.
-    dangling: Vec<i64>,
+    /// Rows of each key and queue this node holds claimed (running or about to).
+    held: HashMap<Slot, usize>,
+    /// Reserved rows per key and queue, in the order they were reserved.
+    reserved: HashMap<Slot, VecDeque<Claimed>>,
+    /// Reserved rows (id, reservation token) no step of their key is left to
+    /// hand over to: to give back in the next handoff.
+    dangling: Vec<(i64, i64)>,
     /// Counts the times a handoff reported a key of this node's steps free
     /// at its end (a slot credited back, nobody to hand it to), and the count
     /// at each key's latest such report: a reservation from a call that
@@ -24,11 +36,15 @@ pub(crate) struct Successors {
     last_free: HashMap<String, u64>,
 }
 
+fn ids(q: VecDeque<Claimed>) -> impl Iterator<Item = (i64, i64)> {
+    q.into_iter().map(|r| (r.id, r.token))
+}
+
 impl Successors {
     /// A claimed row is about to run.
     pub fn claimed(&mut self, row: &Claimed) {
-        if let Some(k) = &row.concurrency_key {
-            *self.held.entry(k.clone()).or_default() += 1;
+        if let Some(s) = slot(row) {
+            *self.held.entry(s).or_default() += 1;
         }
     }
 
@@ -39,80 +55,90 @@ impl Successors {
 
     /// A reservation came back from a handoff that started at `mark`.
     pub fn reserved(&mut self, row: Claimed, mark: u64) {
-        match &row.concurrency_key {
-            Some(k)
-                if self.held.contains_key(k)
-                    && self.last_free.get(k).map_or(true, |&at| at <= mark) =>
+        match slot(&row) {
+            Some(s)
+                if self.held.contains_key(&s)
+                    && self.last_free.get(&s.0).map_or(true, |&at| at <= mark) =>
             {
-                self.reserved.entry(k.clone()).or_default().push_back(row);
+                self.reserved.entry(s).or_default().push_back(row);
             }
-            _ => self.dangling.push(row.id),
+            _ => self.dangling.push((row.id, row.token)),
         }
     }
 
     /// A step of `row` ended: the successor to start in its slot, if one is
-    /// reserved, already carrying the attempt and shard its promotion gives it.
+    /// reserved, already carrying the attempt, shard and token its promotion
+    /// gives it (its reservation's token is `token - 1`).
     pub fn next(&mut self, row: &Claimed) -> Option<Claimed> {
-        let k = row.concurrency_key.as_ref()?;
-        let queue = self.reserved.get_mut(k);
-        let Some(mut s) = queue.and_then(|q| q.pop_front()) else {
+        let s = slot(row)?;
+        let Some(mut next) = self.reserved.get_mut(&s).and_then(|q| q.pop_front()) else {
             self.release(row);
             return None;
         };
-        if self.reserved.get(k).is_some_and(|q| q.is_empty()) {
-            self.reserved.remove(k);
+        if self.reserved.get(&s).is_some_and(|q| q.is_empty()) {
+            self.reserved.remove(&s);
         }
-        s.attempt += 1;
-        s.gate_shard = row.gate_shard;
-        Some(s)
+        next.attempt += 1;
+        next.token += 1;
+        next.gate_shard = row.gate_shard;
+        Some(next)
     }
 
     /// A handoff found `key` free at its end: no row took over the slot a
     /// step of it freed. Rows reserved for the key go back to the pick.
     pub fn freed(&mut self, key: &str) {
-        if !self.held.contains_key(key) {
+        let slots: Vec<Slot> = self.held.keys().filter(|s| s.0 == key).cloned().collect();
+        if slots.is_empty() {
             return;
         }
         self.ends += 1;
         self.last_free.insert(key.to_owned(), self.ends);
-        if let Some(q) = self.reserved.remove(key) {
-            self.dangling.extend(q.into_iter().map(|r| r.id));
+        for s in slots {
+            if let Some(q) = self.reserved.remove(&s) {
+                self.dangling.extend(ids(q));
+            }
         }
     }
 
     /// A claimed row is gone with no successor in its place.
     pub fn release(&mut self, row: &Claimed) {
-        let Some(k) = &row.concurrency_key else {
+        let Some(s) = slot(row) else {
             return;
         };
-        match self.held.get_mut(k) {
+        match self.held.get_mut(&s) {
             Some(n) if *n > 1 => *n -= 1,
             _ => {
-                self.held.remove(k);
-                self.last_free.remove(k);
-                if let Some(q) = self.reserved.remove(k) {
-                    self.dangling.extend(q.into_iter().map(|r| r.id));
+                self.held.remove(&s);
+                if !self.held.keys().any(|h| h.0 == s.0) {
+                    self.last_free.remove(&s.0);
+                }
+                if let Some(q) = self.reserved.remove(&s) {
+                    self.dangling.extend(ids(q));
                 }
             }
         }
     }
 
-    /// Whether `id` is a reservation this node knows of.
-    pub fn is_reserved(&self, id: i64) -> bool {
-        self.reserved.values().flatten().any(|r| r.id == id)
+    /// Whether this node knows of the reservation `id` under `token`.
+    pub fn is_reserved(&self, id: i64, token: i64) -> bool {
+        self.reserved
+            .values()
+            .flatten()
+            .any(|r| r.id == id && r.token == token)
     }
 
     pub fn has_dangling(&self) -> bool {
         !self.dangling.is_empty()
     }
 
-    pub fn take_dangling(&mut self) -> Vec<i64> {
+    pub fn take_dangling(&mut self) -> Vec<(i64, i64)> {
         std::mem::take(&mut self.dangling)
     }
 
-    /// Give back rows whose release failed, for the next handoff.
-    pub fn restore_dangling(&mut self, ids: Vec<i64>) {
-        self.dangling.extend(ids);
+    /// Give back these reservations in the next handoff (also those whose
+    /// release failed).
+    pub fn restore_dangling(&mut self, rows: Vec<(i64, i64)>) {
+        self.dangling.extend(rows);
     }
 }
 
@@ -133,7 +159,12 @@ mod tests {
             gate_shard: shard,
             rate_key: None,
             wake: None,
+            token: 7,
         }
+    }
+
+    fn dangling(s: &mut Successors) -> Vec<i64> {
+        s.take_dangling().into_iter().map(|(id, _)| id).collect()
     }
 
     #[test]
@@ -143,7 +174,10 @@ mod tests {
         s.claimed(&r);
         s.reserved(row(2, Some("api:1"), None), s.mark());
         let next = s.next(&r).expect("a successor");
-        assert_eq!((next.id, next.attempt, next.gate_shard), (2, 1, Some(3)));
+        assert_eq!(
+            (next.id, next.attempt, next.gate_shard, next.token),
+            (2, 1, Some(3), 8)
+        );
         // The successor holds the key now: its own end releases it.
         assert!(s.next(&next).is_none());
         assert!(!s.has_dangling());
@@ -161,7 +195,7 @@ mod tests {
         assert_eq!(s.next(&r).map(|n| n.id), Some(6));
         // The last holder of acct:2 ends without taking 7.
         s.release(&row(6, Some("acct:2"), None));
-        assert_eq!(s.take_dangling(), vec![5, 7]);
+        assert_eq!(dangling(&mut s), vec![5, 7]);
         assert!(!s.has_dangling());
     }
 
@@ -182,7 +216,7 @@ mod tests {
         let mark = s.mark();
         s.freed("api:1");
         s.reserved(row(3, Some("api:1"), None), mark);
-        assert_eq!(s.take_dangling(), vec![5, 3]);
+        assert_eq!(dangling(&mut s), vec![5, 3]);
         // A reservation made after that end is kept for B.
         s.reserved(row(4, Some("api:1"), None), s.mark());
         assert_eq!(s.next(&b).map(|n| n.id), Some(4));
@@ -195,5 +229,24 @@ mod tests {
         s.claimed(&r);
         assert!(s.next(&r).is_none());
         assert!(s.held.is_empty());
+    }
+
+    #[test]
+    fn a_successor_never_crosses_queues() {
+        let mut s = Successors::default();
+        let mut in_a = row(1, Some("api:1"), Some(0));
+        in_a.queue = "a".into();
+        let mut in_b = row(2, Some("api:1"), Some(1));
+        in_b.queue = "b".into();
+        s.claimed(&in_a);
+        s.claimed(&in_b);
+        let mut reserved_b = row(3, Some("api:1"), None);
+        reserved_b.queue = "b".into();
+        s.reserved(reserved_b, s.mark());
+        // The step of queue a ends: queue b's reservation is not its to take.
+        assert!(s.next(&in_a).is_none());
+        assert!(!s.has_dangling());
+        let next = s.next(&in_b).expect("queue b's successor");
+        assert_eq!((next.id, next.queue.as_str()), (3, "b"));
     }
 }

@@ -249,12 +249,14 @@ async fn dropped_connections_lose_nothing() {
     }
 }
 
-/// Rows the database records as claimed or reserved by a node that never
-/// heard of them (a claim whose answer was lost, or an earlier process with
-/// the same node id) are given back, though the node is alive and
-/// heartbeating, so the reaper would never free them.
+/// Rows the database records as claimed or reserved under a node's id when
+/// that node starts belong to an earlier process with the same id, which
+/// ended: the node is alive and heartbeating, so the reaper would never free
+/// them. Claims go back as a crash (the attempt counts, the loss is recorded:
+/// a step that kills its process reaches max_attempts), reservations to
+/// everyone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn claims_a_node_never_heard_of_are_given_back() {
+async fn rows_an_earlier_process_held_are_taken_back_at_start() {
     let url = support::url();
     let schema = support::schema("lost");
     let engine = support::builder(&url, &schema)
@@ -276,10 +278,10 @@ async fn claims_a_node_never_heard_of_are_given_back() {
         ])
         .await
         .unwrap();
-    // As a lost claim leaves them: the first row of acct:1 and the keyless
-    // row executing on "steady", acct:2's row reserved by it.
+    // As an earlier process left them: the first row of acct:1 and the
+    // keyless row executing on "steady", acct:2's row reserved by it.
     sqlx::query(&format!(
-        "UPDATE \"{schema}\".instances SET node = 'steady',
+        "UPDATE \"{schema}\".instances SET node = 'steady', token = token + 1,
              status = CASE WHEN id = $3 THEN 'available' ELSE 'executing' END,
              attempt = CASE WHEN id = $3 THEN 0 ELSE 1 END
          WHERE id IN ($1, $2, $3)"
@@ -292,10 +294,16 @@ async fn claims_a_node_never_heard_of_are_given_back() {
     .unwrap();
     engine.start().await.unwrap();
     support::wait_count(engine.pool(), &schema, "completed", ids.len() as i64).await;
-    assert_eq!(engine.stats().snapshot().released, 2, "the two lost claims");
-    for id in ids {
+    assert_eq!(engine.stats().snapshot().rescued, 2, "the two claims");
+    for id in [ids[0], ids[3]] {
         let i = engine.get(id).await.unwrap();
-        assert!(i.errors.is_empty(), "{id}: given back, not failed: {i:?}");
+        assert_eq!(i.errors.len(), 1, "{id}: {i:?}");
+        assert_eq!(i.errors[0]["kind"], "lost");
+        assert_eq!(i.errors[0]["attempt"], 1);
+    }
+    for id in [ids[1], ids[2]] {
+        let i = engine.get(id).await.unwrap();
+        assert!(i.errors.is_empty(), "{id}: {i:?}");
     }
     engine.shutdown().await.unwrap();
 }

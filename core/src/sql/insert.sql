@@ -11,13 +11,14 @@ WITH input AS (
                               delay, at, here, ord)
 ), ins AS (
     INSERT INTO __S__.instances (workflow, step, state, queue, priority, concurrency_key, rate_key,
-                                 max_attempts, status, scheduled_at, node, attempt, attempted_at)
+                                 max_attempts, status, scheduled_at, node, attempt, attempted_at, token)
     SELECT workflow, step, state::jsonb, queue, priority, ckey, rkey, max_attempts,
            CASE WHEN here THEN 'executing' WHEN due > now() THEN 'scheduled' ELSE 'available' END,
            due,
            CASE WHEN here THEN $13 END,
            CASE WHEN here THEN 1 ELSE 0 END,
-           CASE WHEN here THEN now() END
+           CASE WHEN here THEN now() END,
+           CASE WHEN here THEN 1 ELSE 0 END
     FROM input
     ORDER BY ord
     RETURNING id, queue, status, CASE WHEN status = 'executing' THEN state END AS state

@@ -1,0 +1,342 @@
+//! The claim protocol in SQL, driven the way a node drives it: the `handoff`
+//! function called with the engine's call shapes, and interleavings that a
+//! lost reply, a rescue or a slow node produce. The database is the arbiter:
+//! these hold whatever any node does.
+mod support;
+
+use gendurable::{Engine, GateConfig, NewInstance};
+use serde_json::{json, Value};
+use sqlx::{PgPool, Row};
+
+const NODE: &str = "n1";
+
+async fn engine(prefix: &str) -> (Engine, String) {
+    let url = support::url();
+    let schema = support::schema(prefix);
+    let engine = support::builder(&url, &schema)
+        .queue("default", 4)
+        .concurrency_limit("api", GateConfig::new(2))
+        .workflow_fn("Job", |_step, state, _ctx| async move {
+            Ok(gendurable::Transition::done(state))
+        })
+        .build()
+        .await
+        .unwrap();
+    (engine, schema)
+}
+
+/// What one handoff call returned.
+#[derive(Debug, Default)]
+struct Call {
+    written: i32,
+    promoted: Vec<i64>,
+    /// (id, token) of the rows claimed, and of those reserved.
+    claimed: Vec<(i64, i64)>,
+    reserved: Vec<(i64, i64)>,
+}
+
+/// One handoff call as the node makes it: `outcomes`, then a claim of up to
+/// `demand` rows of the default queue (reserving successors if `reserve`),
+/// giving back `unreserve` (id, token).
+async fn handoff(
+    pool: &PgPool,
+    schema: &str,
+    outcomes: Value,
+    demand: i32,
+    reserve: bool,
+    unreserve: &[(i64, i64)],
+) -> Call {
+    let (ids, tokens): (Vec<i64>, Vec<i64>) = unreserve.iter().copied().unzip();
+    let (queues, demands): (Vec<&str>, Vec<i32>) = match demand {
+        0 => (vec![], vec![]),
+        n => (vec!["default"], vec![n]),
+    };
+    let rows = sqlx::query(&format!(
+        "SELECT (claimed).id, (claimed).token, reserved, written, promoted
+         FROM \"{schema}\".handoff($1, $2, 'chan', false, $3, $4, $5, $6, $7, $8, 1.0,
+                                 '{{Job}}', '{{api}}', '{{2}}', '{{1}}', '{{}}', '{{}}', '{{}}')"
+    ))
+    .bind(outcomes)
+    .bind(NODE)
+    .bind(&queues)
+    .bind(&demands)
+    .bind(vec![false; queues.len()])
+    .bind(vec![reserve; queues.len()])
+    .bind(&ids)
+    .bind(&tokens)
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    let mut call = Call::default();
+    for r in rows {
+        let row = || (r.get::<i64, _>(0), r.get::<i64, _>(1));
+        match r.get::<Option<bool>, _>("reserved") {
+            None => {
+                call.written = r.get("written");
+                call.promoted = r.get("promoted");
+            }
+            Some(false) => call.claimed.push(row()),
+            Some(true) => call.reserved.push(row()),
+        }
+    }
+    call
+}
+
+async fn row(
+    pool: &PgPool,
+    schema: &str,
+    id: i64,
+) -> (String, Option<String>, i64, Option<String>) {
+    let r = sqlx::query(&format!(
+        "SELECT status, node, token, concurrency_key FROM \"{schema}\".instances WHERE id = $1"
+    ))
+    .bind(id)
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    (r.get(0), r.get(1), r.get(2), r.get(3))
+}
+
+async fn gate_available(pool: &PgPool, schema: &str, key: &str) -> Option<i64> {
+    sqlx::query_scalar(&format!(
+        "SELECT sum(available)::bigint FROM \"{schema}\".gate_slots WHERE key = $1"
+    ))
+    .bind(key)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// A `next` outcome of claim `token` of row `id`, which held `hkey` (gate
+/// shard `gshard`), switching its key to `ckey`.
+fn next(id: i64, token: i64, hkey: &str, gshard: Option<i32>, ckey: &str) -> Value {
+    json!({"id": id, "token": token, "kind": "next", "status": "available", "step": "again",
+           "state": {}, "set_key": true, "ckey": ckey, "hkey": hkey, "gshard": gshard})
+}
+
+/// Case 1: an outcome recorded by a call whose answer was lost, which also
+/// claimed the same row again, is replayed by the node. The replay must not
+/// apply to the new claim (the row would go back to `available` while its
+/// step runs) nor credit the gate a second time.
+#[tokio::test]
+async fn a_replayed_outcome_never_applies_to_a_later_claim() {
+    let (engine, schema) = engine("replay").await;
+    let pool = engine.pool();
+    let id = engine
+        .insert(NewInstance::new("Job", json!({})).concurrency_key("api:1"))
+        .await
+        .unwrap();
+    let first = handoff(pool, &schema, json!([]), 1, false, &[]).await;
+    assert_eq!(first.claimed.len(), 1);
+    let token = first.claimed[0].1;
+    // The step switches the key from api:1 to api:2; the same call claims
+    // the row again (its answer is what gets lost).
+    let outcome = json!([next(id, token, "api:1", Some(0), "api:2")]);
+    let second = handoff(pool, &schema, outcome.clone(), 1, false, &[]).await;
+    assert_eq!((second.written, second.claimed.len()), (1, 1));
+    assert!(second.claimed[0].1 > token, "a new claim, a new token");
+    assert_eq!(gate_available(pool, &schema, "api:1").await, Some(2));
+    assert_eq!(gate_available(pool, &schema, "api:2").await, Some(1));
+
+    // The replay is fenced: the row stays executing under its new claim,
+    // and neither gate moves.
+    let replay = handoff(pool, &schema, outcome, 0, false, &[]).await;
+    assert_eq!(replay.written, 0);
+    let (status, node, now_token, key) = row(pool, &schema, id).await;
+    assert_eq!(
+        (status.as_str(), node.as_deref(), now_token, key.as_deref()),
+        ("executing", Some(NODE), second.claimed[0].1, Some("api:2"))
+    );
+    assert_eq!(gate_available(pool, &schema, "api:1").await, Some(2));
+    assert_eq!(gate_available(pool, &schema, "api:2").await, Some(1));
+}
+
+/// The same for a K = 1 key: the replay must not free the key of the row's
+/// new claim, so the key's next row cannot start beside it.
+#[tokio::test]
+async fn a_replayed_outcome_never_frees_a_key_held_again() {
+    let (engine, schema) = engine("replay_k1").await;
+    let pool = engine.pool();
+    let key = || NewInstance::new("Job", json!({})).concurrency_key("acct:1");
+    let ids = engine.insert_many(vec![key(), key()]).await.unwrap();
+    let first = handoff(pool, &schema, json!([]), 1, false, &[]).await;
+    assert_eq!(first.claimed, vec![(ids[0], 1)]);
+    // A snooze keeps the key; the same call claims the row again.
+    let outcome = json!([{"id": ids[0], "token": 1, "kind": "snooze", "status": "available",
+                          "hkey": "acct:1"}]);
+    let second = handoff(pool, &schema, outcome.clone(), 1, false, &[]).await;
+    assert_eq!(second.claimed, vec![(ids[0], 2)]);
+    let replay = handoff(pool, &schema, outcome, 2, false, &[]).await;
+    assert_eq!(replay.written, 0);
+    assert!(
+        replay.claimed.is_empty(),
+        "acct:1 is held: nothing to claim"
+    );
+    assert_eq!(row(pool, &schema, ids[0]).await.0, "executing");
+    assert_eq!(row(pool, &schema, ids[1]).await.0, "available");
+}
+
+/// An outcome applies only while the row holds the key and shard it names:
+/// what it frees and credits is the row's own, never what a caller sends.
+#[tokio::test]
+async fn an_outcome_naming_another_key_or_shard_is_fenced() {
+    let (engine, schema) = engine("names").await;
+    let pool = engine.pool();
+    let id = engine
+        .insert(NewInstance::new("Job", json!({})).concurrency_key("api:1"))
+        .await
+        .unwrap();
+    let token = handoff(pool, &schema, json!([]), 1, false, &[])
+        .await
+        .claimed[0]
+        .1;
+    for wrong in [
+        next(id, token, "api:9", Some(0), "api:2"),
+        next(id, token, "api:1", Some(1), "api:2"),
+        next(id, token, "api:1", None, "api:2"),
+        next(id, token + 1, "api:1", Some(0), "api:2"),
+    ] {
+        let call = handoff(pool, &schema, json!([wrong]), 0, false, &[]).await;
+        assert_eq!(call.written, 0, "{wrong}");
+    }
+    assert_eq!(row(pool, &schema, id).await.0, "executing");
+    assert_eq!(gate_available(pool, &schema, "api:9").await, None);
+    assert_eq!(gate_available(pool, &schema, "api:1").await, Some(1));
+    let right = handoff(
+        pool,
+        &schema,
+        json!([next(id, token, "api:1", Some(0), "api:2")]),
+        0,
+        false,
+        &[],
+    )
+    .await;
+    assert_eq!(right.written, 1);
+    assert_eq!(gate_available(pool, &schema, "api:1").await, Some(2));
+}
+
+/// Case 3: a successor is promoted only with its predecessor's outcome, and
+/// the call says which successors run here. One whose predecessor was
+/// rescued meanwhile is not admitted, stays reserved, and goes back.
+#[tokio::test]
+async fn a_successor_is_admitted_only_with_its_predecessors_outcome() {
+    let (engine, schema) = engine("promote").await;
+    let pool = engine.pool();
+    let key = || NewInstance::new("Job", json!({})).concurrency_key("acct:1");
+    let ids = engine.insert_many(vec![key(), key(), key()]).await.unwrap();
+    let (p, s) = (ids[0], ids[1]);
+    let first = handoff(pool, &schema, json!([]), 1, true, &[]).await;
+    assert_eq!(first.claimed, vec![(p, 1)]);
+    assert_eq!(first.reserved, vec![(s, 1)]);
+
+    // P is rescued while its node is slow (as the reaper does it).
+    sqlx::query(&format!(
+        "UPDATE \"{schema}\".instances SET status = 'available', node = NULL WHERE id = $1"
+    ))
+    .bind(p)
+    .execute(pool)
+    .await
+    .unwrap();
+    let done = |token: i64| {
+        json!([{"id": p, "token": token, "kind": "done", "status": "completed", "state": {},
+                "hkey": "acct:1", "next": s, "ntoken": 1}])
+    };
+    let fenced = handoff(pool, &schema, done(1), 0, false, &[]).await;
+    assert_eq!((fenced.written, fenced.promoted.clone()), (0, vec![]));
+    assert_eq!(row(pool, &schema, s).await.0, "available");
+    assert_eq!(row(pool, &schema, s).await.1.as_deref(), Some(NODE));
+    // The node gives the reservation back.
+    handoff(pool, &schema, json!([]), 0, false, &[(s, 1)]).await;
+    assert_eq!(row(pool, &schema, s).await.1, None);
+
+    // Claimed again (token 2) and S reserved again (token 2): now the
+    // outcome applies and S is promoted under token 3.
+    let again = handoff(pool, &schema, json!([]), 1, true, &[]).await;
+    assert_eq!(again.claimed, vec![(p, 2)]);
+    assert_eq!(again.reserved, vec![(s, 2)]);
+    let stale = json!([{"id": p, "token": 2, "kind": "done", "status": "completed", "state": {},
+                        "hkey": "acct:1", "next": s, "ntoken": 1}]);
+    let wrong_token = handoff(pool, &schema, stale, 0, false, &[]).await;
+    assert_eq!(
+        (wrong_token.written, wrong_token.promoted),
+        (1, vec![]),
+        "a successor named under an old reservation is not promoted"
+    );
+    assert_eq!(row(pool, &schema, s).await.0, "available");
+}
+
+/// A promotion reported once is reported again when the call is replayed
+/// (its first answer was lost), and a late give-back of the reservation
+/// leaves the promoted row alone.
+#[tokio::test]
+async fn a_promotion_survives_a_lost_answer() {
+    let (engine, schema) = engine("promote_lost").await;
+    let pool = engine.pool();
+    let key = || NewInstance::new("Job", json!({})).concurrency_key("acct:1");
+    let ids = engine.insert_many(vec![key(), key()]).await.unwrap();
+    let (p, s) = (ids[0], ids[1]);
+    let first = handoff(pool, &schema, json!([]), 1, true, &[]).await;
+    assert_eq!(
+        (first.claimed.clone(), first.reserved.clone()),
+        (vec![(p, 1)], vec![(s, 1)])
+    );
+    let done = json!([{"id": p, "token": 1, "kind": "done", "status": "completed", "state": {},
+                       "hkey": "acct:1", "next": s, "ntoken": 1}]);
+    let call = handoff(pool, &schema, done.clone(), 0, false, &[]).await;
+    assert_eq!((call.written, call.promoted), (1, vec![s]));
+    let replay = handoff(pool, &schema, done, 0, false, &[(s, 1)]).await;
+    assert_eq!((replay.written, replay.promoted), (0, vec![s]));
+    let (status, node, token, _) = row(pool, &schema, s).await;
+    assert_eq!(
+        (status.as_str(), node.as_deref(), token),
+        ("executing", Some(NODE), 2)
+    );
+}
+
+/// Case 6: the reaper gives back a dead node's reservations in the same
+/// pass that rescues its claims. And it leaves alone a node that claimed
+/// within the lease, whatever its heartbeat says.
+#[tokio::test]
+async fn the_reaper_frees_claims_and_reservations_of_the_dead_at_once() {
+    let (engine, schema) = engine("reap").await;
+    let pool = engine.pool();
+    let key = |k: &str| NewInstance::new("Job", json!({})).concurrency_key(k);
+    let ids = engine
+        .insert_many(vec![key("acct:1"), key("acct:1"), key("acct:2")])
+        .await
+        .unwrap();
+    sqlx::query(&format!(
+        "INSERT INTO \"{schema}\".nodes (id, hostname, pid, queues, heartbeat_at)
+         VALUES ('ghost', 'h', 1, '{{}}', now() - interval '1 hour'),
+                ('busy', 'h', 2, '{{}}', now() - interval '1 hour');
+         UPDATE \"{schema}\".instances SET node = 'ghost', status = 'executing', attempt = 1,
+             token = 1, attempted_at = now() - interval '1 hour' WHERE id = {a};
+         UPDATE \"{schema}\".instances SET node = 'ghost', token = 1 WHERE id = {b};
+         UPDATE \"{schema}\".instances SET node = 'busy', status = 'executing', attempt = 1,
+             token = 1, attempted_at = now() WHERE id = {c};",
+        a = ids[0],
+        b = ids[1],
+        c = ids[2],
+    ))
+    .execute(pool)
+    .await
+    .unwrap();
+    // The reaper waits until the server has been up for a lease.
+    let e = engine.clone();
+    support::eventually("a rescue", std::time::Duration::from_secs(30), || {
+        let e = e.clone();
+        async move { e.reap_now().await.unwrap() > 0 }
+    })
+    .await;
+    assert_eq!(row(pool, &schema, ids[0]).await.0, "available");
+    assert_eq!(
+        row(pool, &schema, ids[1]).await.1,
+        None,
+        "the reservation went back in the same pass"
+    );
+    assert_eq!(
+        row(pool, &schema, ids[2]).await.0,
+        "executing",
+        "busy claimed within the lease"
+    );
+}
