@@ -81,8 +81,8 @@ defmodule GenDurable do
   and the error is a `GenDurable.Error`.
 
   When its supervisor stops it, the engine stops picking, lets running steps
-  finish within `:shutdown_timeout` (default 15 s) and hands back what never
-  started.
+  finish within `:shutdown_timeout` (default 15 s), kills the processes of
+  those still running then and hands back what never started.
 
   ## Steps
 
@@ -106,7 +106,9 @@ defmodule GenDurable do
   formatted exception and stacktrace. So is a step process killed from
   outside, or a return value that is none of the above. Steps run in
   processes of a `Task.Supervisor` owned by the engine, at most each queue's
-  concurrency at once; they never take the VM down.
+  concurrency at once; they never take the VM down. A step the engine stops
+  (still running at the shutdown timeout, or its claim lost while the node
+  was presumed dead) has its process killed.
 
   ## Concurrency keys
 

@@ -45,4 +45,35 @@ defmodule GenDurable.ShutdownTest do
 
     assert {:error, %GenDurable.Error{kind: :not_running}} = GenDurable.get(id, engine: engine)
   end
+
+  test "a step still running at the shutdown timeout has its process killed" do
+    opts = engine_opts(workflows: [Steps], shutdown_timeout: 300)
+    engine = opts[:name]
+    {:ok, sup} = GenDurable.start_link(opts)
+    Process.unlink(sup)
+    t = register()
+
+    id = GenDurable.insert!(Steps, state: %{"test" => t, "mode" => "forever"}, engine: engine)
+
+    assert_receive {:gd, ^id, "start", _, step_pid}, 10_000
+    ref = Process.monitor(step_pid)
+    sup_ref = Process.monitor(sup)
+
+    :ok = Supervisor.stop(sup)
+
+    # Killed by the dispatcher when the core stopped waiting for it, not
+    # shut down later with the engine's Task.Supervisor.
+    assert_receive {:DOWN, ^ref, :process, ^step_pid, :killed}, 30_000
+    assert_receive {:DOWN, ^sup_ref, :process, _, _}, 30_000
+
+    # The VM, the NIF and a new engine are fine; a cancel for a step the
+    # dispatcher does not know is ignored.
+    e = start_engine(workflows: [Steps])
+    dispatcher = Process.whereis(Module.concat(e, Dispatcher))
+    send(dispatcher, {:gen_durable_cancel, make_ref()})
+
+    id2 = GenDurable.insert!(Steps, state: %{"mode" => "next_done"}, engine: e)
+    assert %{state: %{"n" => 2}} = wait_status(e, id2, :completed)
+    assert Process.whereis(Module.concat(e, Dispatcher)) == dispatcher
+  end
 end

@@ -39,6 +39,16 @@ defmodule GenDurable.Dispatcher do
   # core and runs each step in a process of the engine's Task.Supervisor. A
   # step process that dies before replying (killed from outside, linked
   # crash) is answered here with an error outcome.
+  #
+  # `{:gen_durable_cancel, handle}` comes from the core when it stops a step
+  # it was waiting for (shutdown timeout, claim lost, successor not
+  # admitted): the step's process is killed and not answered, as nothing
+  # waits for the answer any more. A cancel for a finished step does nothing.
+  #
+  # Exits are trapped so that cancels sent while the engine stopped are
+  # handled before the supervisor's shutdown. A dispatcher that stops answers
+  # the steps it still has (queued or running) with an error and kills their
+  # processes: nothing could cancel them afterwards.
 
   use GenServer
 
@@ -47,13 +57,17 @@ defmodule GenDurable.Dispatcher do
   def start_link(args), do: GenServer.start_link(__MODULE__, args, name: args.dispatcher)
 
   @impl true
-  def init(args), do: {:ok, %{tasks: args.tasks, running: %{}}}
+  def init(args) do
+    Process.flag(:trap_exit, true)
+    # running: monitor ref => handle; handles: handle => {ref, pid}.
+    {:ok, %{tasks: args.tasks, running: %{}, handles: %{}}}
+  end
 
   @impl true
   def handle_info({:gen_durable_step, handle, module, step, state, ctx}, st) do
     # async_nolink monitors the task before it runs, so even a task killed
     # at once is seen with its real exit reason.
-    %Task{ref: ref} =
+    %Task{ref: ref, pid: pid} =
       Task.Supervisor.async_nolink(st.tasks, GenDurable.Runner, :run, [
         handle,
         module,
@@ -62,30 +76,76 @@ defmodule GenDurable.Dispatcher do
         ctx
       ])
 
-    {:noreply, %{st | running: Map.put(st.running, ref, handle)}}
+    {:noreply,
+     %{
+       st
+       | running: Map.put(st.running, ref, handle),
+         handles: Map.put(st.handles, handle, {ref, pid})
+     }}
+  end
+
+  def handle_info({:gen_durable_cancel, handle}, st) do
+    case Map.pop(st.handles, handle) do
+      {nil, _} ->
+        {:noreply, st}
+
+      {{ref, pid}, handles} ->
+        Process.demonitor(ref, [:flush])
+        Process.exit(pid, :kill)
+        {:noreply, %{st | running: Map.delete(st.running, ref), handles: handles}}
+    end
   end
 
   # The task replied to the core itself; this is its return value.
   def handle_info({ref, _result}, st) when is_reference(ref) and is_map_key(st.running, ref) do
     Process.demonitor(ref, [:flush])
-    {:noreply, %{st | running: Map.delete(st.running, ref)}}
+    {:noreply, forget(st, ref)}
   end
 
   def handle_info({:DOWN, ref, :process, _pid, reason}, st) do
-    {handle, running} = Map.pop(st.running, ref)
+    case Map.fetch(st.running, ref) do
+      {:ok, handle} ->
+        # A no-op when the step already replied.
+        Native.step_reply(
+          handle,
+          {:error, "the step's process exited: #{Exception.format_exit(reason)}", nil}
+        )
 
-    if handle != nil do
-      # A no-op when the step already replied.
-      Native.step_reply(
-        handle,
-        {:error, "the step's process exited: #{Exception.format_exit(reason)}", nil}
-      )
+        {:noreply, forget(st, ref)}
+
+      :error ->
+        {:noreply, st}
     end
-
-    {:noreply, %{st | running: running}}
   end
 
   def handle_info(_other, st), do: {:noreply, st}
+
+  @impl true
+  def terminate(_reason, st) do
+    for {ref, handle} <- st.running do
+      Process.demonitor(ref, [:flush])
+      {_ref, pid} = Map.fetch!(st.handles, handle)
+      Process.exit(pid, :kill)
+      Native.step_reply(handle, {:error, "the engine's dispatcher stopped", nil})
+    end
+
+    answer_queued()
+  end
+
+  defp answer_queued do
+    receive do
+      {:gen_durable_step, handle, _module, _step, _state, _ctx} ->
+        Native.step_reply(handle, {:error, "the engine's dispatcher stopped", nil})
+        answer_queued()
+    after
+      0 -> :ok
+    end
+  end
+
+  defp forget(st, ref) do
+    {handle, running} = Map.pop(st.running, ref)
+    %{st | running: running, handles: Map.delete(st.handles, handle)}
+  end
 end
 
 defmodule GenDurable.Runner do

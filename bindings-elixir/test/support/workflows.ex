@@ -59,6 +59,10 @@ defmodule GenDurableTest.Steps do
     end
   end
 
+  defp run("forever", "start", _s, _) do
+    Process.sleep(:infinity)
+  end
+
   defp run(_, "b", s, _), do: {:done, s}
   defp run(_, "woken", s, ctx), do: {:done, Map.put(s, "wake", inspect(ctx.wake))}
 end

@@ -5,7 +5,9 @@
 //! calls that do are spawned on the runtime and answer the calling process
 //! with a `{ref, result}` message. Steps are run by Elixir processes: the
 //! workflow adapter sends `{:gen_durable_step, reply, module, step, state,
-//! ctx}` to the engine's dispatcher and waits for `step_reply/2`.
+//! ctx}` to the engine's dispatcher and waits for `step_reply/2`; when the
+//! core stops waiting, it sends `{:gen_durable_cancel, reply}` and the
+//! dispatcher kills the step's process.
 //!
 //! This crate only converts values, maps errors and bridges callbacks; every
 //! semantic lives in the core.
@@ -46,6 +48,7 @@ mod atoms {
         signal,
         timeout,
         gen_durable_step,
+        gen_durable_cancel,
         saturated,
         wait,
         none,
@@ -196,8 +199,9 @@ pub struct EngineRes {
 #[rustler::resource_impl]
 impl rustler::Resource for EngineRes {}
 
-/// The reply handle of one step run by Elixir. Dropping it unanswered (the
-/// term was garbage-collected) records an error outcome for the step.
+/// The reply handle of one step run by Elixir. The adapter holds it while it
+/// waits (to cancel the step, see `CancelOnDrop`): a step process that ends
+/// without answering is answered by the dispatcher.
 pub struct StepReply {
     tx: Mutex<Option<oneshot::Sender<Transition>>>,
 }
@@ -287,21 +291,66 @@ impl Workflow for ElixirWorkflow {
                     .encode(env)
             })
         };
-        // Only the message holds the handle now: if it is dropped unanswered,
-        // the sender goes with it and `rx` fails.
-        drop(handle);
         if sent.is_err() {
             return Ok(Transition::Error {
                 reason: "the Elixir dispatcher is not running".into(),
                 detail: None,
             });
         }
-        match rx.await {
+        // If the core drops this future (it stops the step) before the
+        // reply came, the guard has the step's process killed.
+        let guard = CancelOnDrop {
+            dispatcher: self.dispatcher,
+            handle: Some(handle),
+        };
+        let reply = rx.await;
+        guard.disarm();
+        match reply {
             Ok(t) => Ok(t),
             Err(_) => Ok(Transition::Error {
                 reason: "the Elixir step ended without a reply".into(),
                 detail: None,
             }),
+        }
+    }
+}
+
+/// Held while a step runs in Elixir. Dropped armed (the core stopped the
+/// step: shutdown timeout, claim lost, successor not admitted), it sends
+/// `{:gen_durable_cancel, handle}` to the dispatcher, which kills the step's
+/// process; a later `step_reply/2` of that handle does nothing.
+struct CancelOnDrop {
+    dispatcher: LocalPid,
+    handle: Option<ResourceArc<StepReply>>,
+}
+
+impl CancelOnDrop {
+    fn disarm(mut self) {
+        self.handle = None;
+    }
+}
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        let Some(handle) = self.handle.take() else {
+            return;
+        };
+        // Answered meanwhile: the step already finished.
+        if lock(&handle.tx).take().is_none() {
+            return;
+        }
+        let dispatcher = self.dispatcher;
+        let send = move || {
+            // A dead dispatcher has nothing left to kill.
+            let _ = OwnedEnv::new().send_and_clear(&dispatcher, |env| {
+                (atoms::gen_durable_cancel(), handle).encode(env)
+            });
+        };
+        // A scheduler thread may not send from an OwnedEnv: hand it over.
+        if rustler::thread::is_scheduler_thread() {
+            runtime().spawn(async move { send() });
+        } else {
+            send();
         }
     }
 }
