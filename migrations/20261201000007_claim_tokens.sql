@@ -244,6 +244,9 @@ DECLARE
     t_key text[];
     t_shard integer[];
     p_id bigint[] := '{}';
+    -- Every successor the outcomes name, with its reservation's token.
+    n_next bigint[];
+    n_ntoken bigint[];
     -- Keyed rows that want a successor reserved.
     w_key text[];
     w_queue text[];
@@ -296,8 +299,10 @@ BEGIN
                array_agg(u.gshard) FILTER (WHERE u.hkey IS NOT NULL),
                array_agg(u.queue) FILTER (WHERE u.hkey IS NOT NULL),
                array_agg(u.next) FILTER (WHERE u.hkey IS NOT NULL),
-               array_agg(u.ntoken) FILTER (WHERE u.hkey IS NOT NULL)
-        INTO n_written, f_key, f_shard, f_queue, f_next, f_ntoken
+               array_agg(u.ntoken) FILTER (WHERE u.hkey IS NOT NULL),
+               (SELECT array_agg(o.next) FROM o WHERE o.next IS NOT NULL),
+               (SELECT array_agg(o.ntoken) FROM o WHERE o.next IS NOT NULL)
+        INTO n_written, f_key, f_shard, f_queue, f_next, f_ntoken, n_next, n_ntoken
         FROM upd u;
     END IF;
 
@@ -326,12 +331,11 @@ BEGIN
     -- Every successor the outcomes name that runs here under the token its
     -- promotion gives: promoted just now, or by a call whose answer was lost
     -- (its predecessor's outcome is fenced on the retry).
-    IF jsonb_array_length(outcomes) > 0 THEN
+    IF n_next IS NOT NULL THEN
         SELECT coalesce(array_agg(i.id), '{}') INTO p_id
-        FROM jsonb_to_recordset(outcomes) AS o(next bigint, ntoken bigint)
-        JOIN instances i ON i.id = o.next
-        WHERE o.next IS NOT NULL AND i.status = 'executing' AND i.node = node_id
-          AND i.token = o.ntoken + 1;
+        FROM unnest(n_next, n_ntoken) AS n(id, ntoken)
+        JOIN instances i ON i.id = n.id
+        WHERE i.status = 'executing' AND i.node = node_id AND i.token = n.ntoken + 1;
     END IF;
 
     -- Hand the keys and slots no successor took over to the next rows of the

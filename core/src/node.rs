@@ -564,7 +564,9 @@ async fn handoff(
     }
     for o in outcomes {
         if let (Some(p), Some(next)) = (&o.promotion, o.next) {
-            p.settle(h.promoted.contains(&next));
+            let promoted = h.promoted.contains(&next);
+            Stats::add(&inner.stats.successors, promoted as u64);
+            p.settle(promoted);
         }
     }
     // The claimed rows hold their keys before their successors are filed.
@@ -876,6 +878,13 @@ fn spawn_step(
         };
         sh.prefetch[&row.queue].ran(began.elapsed());
         forget_running(&sh, &row);
+        if result.as_ref().is_err_and(|j| j.is_cancelled()) && !sh.shutdown.is_cancelled() {
+            // Stopped because this claim is no longer the node's (the row
+            // was rescued, or claimed here again): nothing to record.
+            forget_held(&sh, &row);
+            sh.successors(|s| s.release(&row));
+            return;
+        }
         let cfg = &sh.inner.cfg;
         let mut outcome = match result {
             Ok(Ok(t)) => OutcomeRow::from_transition(&row, cfg, Some(&*workflow), t),
@@ -940,6 +949,14 @@ fn spawn_step(
     });
 }
 
+/// The claim `row` is no longer held here.
+fn forget_held(sh: &Shared, row: &Claimed) {
+    let mut holding = lock(&sh.holding);
+    if holding.get(&row.id) == Some(&row.token) {
+        holding.remove(&row.id);
+    }
+}
+
 /// A step of `row` is no longer running here.
 fn forget_running(sh: &Shared, row: &Claimed) {
     let mut running = lock(&sh.running);
@@ -958,12 +975,7 @@ fn not_admitted(sh: &Shared, row: &Claimed) {
         id = row.id,
         "a successor was not admitted (its predecessor's outcome was fenced); its run is dropped"
     );
-    {
-        let mut holding = lock(&sh.holding);
-        if holding.get(&row.id) == Some(&row.token) {
-            holding.remove(&row.id);
-        }
-    }
+    forget_held(sh, row);
     sh.successors(|s| {
         s.release(row);
         s.restore_dangling(vec![(row.id, row.token - 1)]);
@@ -1324,7 +1336,8 @@ async fn heartbeats(sh: Arc<Shared>) {
             let c = conn.as_mut().ok_or(sqlx::Error::PoolClosed)?;
             heartbeat(inner, &mut *c).await
         };
-        let pause = match tokio::time::timeout(cfg.heartbeat_interval, beat).await {
+        let limit = cfg.heartbeat_interval.max(Duration::from_secs(1));
+        let pause = match tokio::time::timeout(limit, beat).await {
             Ok(Ok(gap)) => {
                 retry.reset();
                 let was_live = sh.live.renewed(sent);

@@ -16,6 +16,7 @@ pub struct Stats {
     pub(crate) released: AtomicU64,
     pub(crate) handed_over: AtomicU64,
     pub(crate) started_on_insert: AtomicU64,
+    pub(crate) successors: AtomicU64,
     pub(crate) not_admitted: AtomicU64,
     pub(crate) stopped: AtomicU64,
 }
@@ -47,6 +48,9 @@ pub struct StatsSnapshot {
     /// Rows this process's inserts claimed for its own node, which started
     /// them at once without a pick (also in `claimed`).
     pub started_on_insert: u64,
+    /// Reserved successors started in the slot a step of their key freed,
+    /// and promoted with that step's outcome.
+    pub successors: u64,
     /// Successors started in a freed slot whose promotion did not happen
     /// (their predecessor's outcome was fenced): stopped, nothing recorded.
     pub not_admitted: u64,
@@ -70,6 +74,7 @@ impl Stats {
             released: self.released.load(Relaxed),
             handed_over: self.handed_over.load(Relaxed),
             started_on_insert: self.started_on_insert.load(Relaxed),
+            successors: self.successors.load(Relaxed),
             not_admitted: self.not_admitted.load(Relaxed),
             stopped: self.stopped.load(Relaxed),
         }

@@ -158,22 +158,23 @@ async fn a_replayed_outcome_never_frees_a_key_held_again() {
     let (engine, schema) = engine("replay_k1").await;
     let pool = engine.pool();
     let key = || NewInstance::new("Job", json!({})).concurrency_key("acct:1");
-    let ids = engine.insert_many(vec![key(), key()]).await.unwrap();
+    let held = engine.insert(key()).await.unwrap();
     let first = handoff(pool, &schema, json!([]), 1, false, &[]).await;
-    assert_eq!(first.claimed, vec![(ids[0], 1)]);
+    assert_eq!(first.claimed, vec![(held, 1)]);
     // A snooze keeps the key; the same call claims the row again.
-    let outcome = json!([{"id": ids[0], "token": 1, "kind": "snooze", "status": "available",
+    let outcome = json!([{"id": held, "token": 1, "kind": "snooze", "status": "available",
                           "hkey": "acct:1"}]);
     let second = handoff(pool, &schema, outcome.clone(), 1, false, &[]).await;
-    assert_eq!(second.claimed, vec![(ids[0], 2)]);
+    assert_eq!(second.claimed, vec![(held, 2)]);
+    let waiting = engine.insert(key()).await.unwrap();
     let replay = handoff(pool, &schema, outcome, 2, false, &[]).await;
     assert_eq!(replay.written, 0);
     assert!(
         replay.claimed.is_empty(),
         "acct:1 is held: nothing to claim"
     );
-    assert_eq!(row(pool, &schema, ids[0]).await.0, "executing");
-    assert_eq!(row(pool, &schema, ids[1]).await.0, "available");
+    assert_eq!(row(pool, &schema, held).await.0, "executing");
+    assert_eq!(row(pool, &schema, waiting).await.0, "available");
 }
 
 /// An outcome applies only while the row holds the key and shard it names:
@@ -305,7 +306,7 @@ async fn the_reaper_frees_claims_and_reservations_of_the_dead_at_once() {
         .insert_many(vec![key("acct:1"), key("acct:1"), key("acct:2")])
         .await
         .unwrap();
-    sqlx::query(&format!(
+    sqlx::raw_sql(&format!(
         "INSERT INTO \"{schema}\".nodes (id, hostname, pid, queues, heartbeat_at)
          VALUES ('ghost', 'h', 1, '{{}}', now() - interval '1 hour'),
                 ('busy', 'h', 2, '{{}}', now() - interval '1 hour');
