@@ -33,6 +33,8 @@ pub use instance::{
     Instance, NewInstance, Status, DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, DEFAULT_STEP,
 };
 pub use stats::{Stats, StatsSnapshot};
-pub use status::{ClusterStatus, GateStatus, KeyLimit, NodeStatus, QueueCount, RateStatus};
+pub use status::{
+    ClusterStatus, GateStatus, KeyLimit, NoNode, NodeStatus, QueueCount, RateStatus, WaitingRows,
+};
 pub use transition::{AwaitOn, ConcurrencyKey, KeyChange, NextOptions, Transition, Wake};
 pub use workflow::{BoxError, FnWorkflow, StepContext, StepResult, Workflow};

@@ -2,7 +2,7 @@
 //! and monitoring.
 
 use crate::engine::Engine;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use chrono::{DateTime, Utc};
 use sqlx::Row;
 
@@ -19,6 +19,38 @@ pub struct ClusterStatus {
     pub executing_keys: Vec<String>,
     /// Rate-limit keys with state.
     pub rates: Vec<RateStatus>,
+    /// Rows waiting to run (`available` or `scheduled`) per workflow and
+    /// queue, the ones no live node will run first (at most 1000 groups).
+    pub waiting: Vec<WaitingRows>,
+    /// Whether the nodes record the workflows they run (a `workflows` column
+    /// in `nodes`). Without it, [`WaitingRows::no_node`] can only tell rows
+    /// whose queue no live node serves, not rows of a workflow no node runs.
+    pub workflows_recorded: bool,
+}
+
+/// Rows of one workflow waiting in one queue.
+#[derive(Debug, Clone)]
+pub struct WaitingRows {
+    pub workflow: String,
+    pub queue: String,
+    /// `available` and `scheduled` rows.
+    pub count: i64,
+    /// The earliest `scheduled_at` among them (in the past: due since then).
+    pub oldest: DateTime<Utc>,
+    /// Why no live node will run them, if none will.
+    pub no_node: Option<NoNode>,
+}
+
+/// Why no live node will run a waiting row. Such rows wait until a node that
+/// serves their queue and runs their workflow starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum NoNode {
+    /// No live node serves the row's queue.
+    Queue,
+    /// Live nodes serve the queue, but none of them runs the workflow (known
+    /// only when nodes record their workflows).
+    Workflow,
 }
 
 /// How many instances of a queue are in a status.
@@ -40,6 +72,9 @@ pub struct NodeStatus {
     pub heartbeat_at: DateTime<Utc>,
     /// Rows it is executing.
     pub executing: i64,
+    /// The workflows it runs, when nodes record them
+    /// ([`ClusterStatus::workflows_recorded`]).
+    pub workflows: Option<Vec<String>>,
 }
 
 /// One gated key: its counters summed over shards.
@@ -95,12 +130,51 @@ impl Engine {
         }
     }
 
+    /// Whether this engine's schema exists and holds the engine's tables
+    /// (read-only: nothing is created).
+    pub async fn schema_exists(&self) -> Result<bool> {
+        Ok(self.tables().await?.0)
+    }
+
+    /// Whether the schema's tables exist, and whether `nodes` records the
+    /// workflows each node runs (a `workflows` column, `text[]` or `jsonb`).
+    async fn tables(&self) -> Result<(bool, bool)> {
+        let s = &self.inner.cfg.schema;
+        let row = sqlx::query(
+            "SELECT to_regclass($1) IS NOT NULL,
+                    EXISTS (SELECT 1 FROM pg_attribute
+                            WHERE attrelid = to_regclass($2) AND attname = 'workflows'
+                              AND NOT attisdropped)",
+        )
+        .bind(format!("\"{s}\".instances"))
+        .bind(format!("\"{s}\".nodes"))
+        .fetch_one(&self.inner.pool)
+        .await?;
+        Ok((row.try_get(0)?, row.try_get(1)?))
+    }
+
     /// Read the cluster's state: counts, live nodes, gates, executing K = 1
-    /// keys and rate-limit state.
+    /// keys, rate-limit state and the rows no live node will run. Read-only:
+    /// a schema that does not exist is an error, not created.
     pub async fn status(&self) -> Result<ClusterStatus> {
+        let (exists, workflows_recorded) = self.tables().await?;
+        if !exists {
+            let schema = &self.inner.cfg.schema;
+            return Err(Error::InvalidConfig(format!(
+                "schema {schema:?} does not exist in this database (or has no gendurable tables); \
+                 `gendurable migrate --schema {schema}` creates it"
+            )));
+        }
         let s = format!("\"{}\"", self.inner.cfg.schema);
         let pool = &self.inner.pool;
         let lease = self.inner.cfg.lease.as_secs_f64();
+        // A `workflows` column of text[] or jsonb (an array of names or an
+        // object keyed by them): `jsonb ? name` reads both.
+        let workflows = if workflows_recorded {
+            "to_jsonb(n.workflows)"
+        } else {
+            "NULL::jsonb"
+        };
         let counts = sqlx::query(&format!(
             "SELECT queue, status, count(*) FROM {s}.instances GROUP BY 1, 2 ORDER BY 1, 2"
         ))
@@ -117,7 +191,8 @@ impl Engine {
         .collect::<Result<_>>()?;
         let nodes = sqlx::query(&format!(
             "SELECT n.id, n.hostname, n.pid, n.queues, n.started_at, n.heartbeat_at,
-                    (SELECT count(*) FROM {s}.instances i WHERE i.status = 'executing' AND i.node = n.id)
+                    (SELECT count(*) FROM {s}.instances i WHERE i.status = 'executing' AND i.node = n.id),
+                    {workflows}
              FROM {s}.nodes n WHERE n.heartbeat_at > now() - make_interval(secs => $1)
              ORDER BY n.id"
         ))
@@ -134,6 +209,52 @@ impl Engine {
                 started_at: r.try_get(4)?,
                 heartbeat_at: r.try_get(5)?,
                 executing: r.try_get(6)?,
+                workflows: r
+                    .try_get::<Option<serde_json::Value>, _>(7)?
+                    .map(workflow_names),
+            })
+        })
+        .collect::<Result<_>>()?;
+        // Grouped first, so the live nodes are matched once per group, not
+        // once per row. A live node that recorded no workflows (NULL) may run
+        // any of them.
+        let waiting = sqlx::query(&format!(
+            "WITH live AS (
+                 SELECT n.queues, {workflows} AS workflows FROM {s}.nodes n
+                 WHERE n.heartbeat_at > now() - make_interval(secs => $1)),
+             waiting AS (
+                 SELECT workflow, queue, count(*) AS n, min(scheduled_at) AS oldest
+                 FROM {s}.instances WHERE status IN ('available', 'scheduled')
+                 GROUP BY 1, 2)
+             SELECT * FROM (
+                 SELECT w.workflow, w.queue, w.n, w.oldest,
+                        CASE WHEN NOT EXISTS (SELECT 1 FROM live l WHERE l.queues ? w.queue)
+                             THEN 'queue'
+                             WHEN $2 AND NOT EXISTS (SELECT 1 FROM live l
+                                                     WHERE l.queues ? w.queue
+                                                       AND coalesce(l.workflows ? w.workflow, true))
+                             THEN 'workflow'
+                        END AS no_node
+                 FROM waiting w) r
+             ORDER BY r.no_node IS NULL, r.workflow, r.queue
+             LIMIT 1000"
+        ))
+        .bind(lease)
+        .bind(workflows_recorded)
+        .fetch_all(pool)
+        .await?
+        .iter()
+        .map(|r| {
+            Ok(WaitingRows {
+                workflow: r.try_get(0)?,
+                queue: r.try_get(1)?,
+                count: r.try_get(2)?,
+                oldest: r.try_get(3)?,
+                no_node: match r.try_get::<Option<&str>, _>(4)? {
+                    Some("queue") => Some(NoNode::Queue),
+                    Some(_) => Some(NoNode::Workflow),
+                    None => None,
+                },
             })
         })
         .collect::<Result<_>>()?;
@@ -183,6 +304,21 @@ impl Engine {
             gates,
             executing_keys,
             rates,
+            waiting,
+            workflows_recorded,
         })
+    }
+}
+
+/// Workflow names from a recorded `workflows` value: an array of names or an
+/// object keyed by them.
+fn workflow_names(v: serde_json::Value) -> Vec<String> {
+    match v {
+        serde_json::Value::Array(a) => a
+            .into_iter()
+            .filter_map(|w| w.as_str().map(str::to_owned))
+            .collect(),
+        serde_json::Value::Object(o) => o.into_iter().map(|(k, _)| k).collect(),
+        _ => Vec::new(),
     }
 }
