@@ -8,7 +8,15 @@ use serde_json::json;
 
 pub const ECHO: &str = "gendurable.Echo";
 
-pub async fn run(url: &str, schema: &str, queue: &str, concurrency: u32) -> Result<()> {
+/// Run the node until `interrupted` (Ctrl-C) completes or SIGTERM arrives,
+/// then shut it down gracefully.
+pub async fn run(
+    url: &str,
+    schema: &str,
+    queue: &str,
+    concurrency: u32,
+    interrupted: impl std::future::Future<Output = ()>,
+) -> Result<()> {
     let engine = Engine::builder()
         .url(url)
         .schema(schema)
@@ -31,7 +39,7 @@ pub async fn run(url: &str, schema: &str, queue: &str, concurrency: u32) -> Resu
     );
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
+        _ = interrupted => {}
         _ = term.recv() => {}
     }
     engine.shutdown().await?;

@@ -1,7 +1,7 @@
 //! `gendurable status`.
 
 use anyhow::{bail, Result};
-use gendurable::{Engine, GateConfig};
+use gendurable::{ClusterStatus, Engine, GateConfig, NoNode};
 
 pub fn parse_gate(s: &str) -> Result<(String, GateConfig), String> {
     let (name, rest) = s
@@ -37,7 +37,11 @@ pub async fn run(
             "  {}  host {} pid {}  queues {}  executing {}  heartbeat {}",
             n.id, n.hostname, n.pid, n.queues, n.executing, n.heartbeat_at
         );
+        if let Some(w) = &n.workflows {
+            println!("    workflows {}", w.join(", "));
+        }
     }
+    waiting(&st);
     println!("\ngates (key / in flight / limit / free slots / shards)");
     if st.gates.is_empty() {
         println!("  none");
@@ -82,4 +86,45 @@ pub async fn run(
         }
     }
     Ok(())
+}
+
+/// Waiting rows per workflow and queue, those no live node will run first.
+fn waiting(st: &ClusterStatus) {
+    let stuck = st.waiting.iter().filter(|w| w.no_node.is_some()).count();
+    println!("\nwaiting rows (workflow / queue / rows / earliest scheduled / run by a live node?)");
+    if st.waiting.is_empty() {
+        println!("  none");
+    }
+    for w in &st.waiting {
+        let who = match w.no_node {
+            None if st.workflows_recorded => "yes".to_owned(),
+            // Nodes do not say which workflows they run: only the queue is known served.
+            None => "its queue is served".to_owned(),
+            Some(NoNode::Queue) => format!("NO: no live node serves queue {:?}", w.queue),
+            Some(_) => format!(
+                "NO: no live node serving {:?} runs workflow {:?}",
+                w.queue, w.workflow
+            ),
+        };
+        println!(
+            "  {:<30} {:<20} {:>8}  {}  {}",
+            w.workflow,
+            w.queue,
+            w.count,
+            w.oldest.format("%Y-%m-%d %H:%M:%S UTC"),
+            who
+        );
+    }
+    if stuck > 0 {
+        println!(
+            "  {stuck} of these wait for a node that serves their queue and runs their workflow: \
+             they run once one starts"
+        );
+    }
+    if !st.workflows_recorded {
+        println!(
+            "  (the nodes do not record which workflows they run: rows of a workflow no node \
+             runs show only as waiting, in a served queue)"
+        );
+    }
 }

@@ -101,3 +101,243 @@ async fn bad_input_is_a_clear_error() {
         String::from_utf8_lossy(&o.stderr).contains("no database: pass --url or set DATABASE_URL")
     );
 }
+
+/// The output of a run with `env` set on top of the usual.
+fn gendurable_env(url: &str, args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_gendurable"));
+    c.args(args)
+        .env("DATABASE_URL", url)
+        .env("RUST_LOG", "error");
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.output().unwrap()
+}
+
+/// stderr of a failed run, asserted to be one line.
+fn one_line_error(o: &Output) -> String {
+    assert!(!o.status.success(), "expected a failure");
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert_eq!(err.lines().count(), 1, "not one line: {err}");
+    assert!(err.starts_with("error: "), "{err}");
+    err
+}
+
+async fn schema_exists(url: &str, schema: &str) -> bool {
+    let pool = sqlx::PgPool::connect(url).await.unwrap();
+    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_namespace WHERE nspname = $1")
+        .bind(schema)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    pool.close().await;
+    n > 0
+}
+
+#[tokio::test]
+async fn read_only_verbs_never_create_a_schema() {
+    let pg = TempPostgres::start().await.unwrap();
+    let url = pg.url();
+    for args in [
+        &["status", "--schema", "typo"][..],
+        &["status", "--schema", "typo", "--key", "a:1"],
+        &["get", "--schema", "typo", "1"],
+        &["insert", "--schema", "typo", "--workflow", "W"],
+    ] {
+        let o = gendurable_env(&url, args, &[("RUST_BACKTRACE", "1")]);
+        let err = one_line_error(&o);
+        assert!(
+            err.contains(r#"no gendurable schema "typo" in this database"#)
+                && err.contains("gendurable migrate --schema typo"),
+            "{args:?}: {err}"
+        );
+    }
+    assert!(
+        !schema_exists(&url, "typo").await,
+        "a read-only verb created it"
+    );
+    // `migrate` creates it; then the same verbs work.
+    stdout(&gendurable(&url, &["migrate", "--schema", "typo"]));
+    assert!(schema_exists(&url, "typo").await);
+    assert!(stdout(&gendurable(&url, &["status", "--schema", "typo"])).contains("instances"));
+    let o = gendurable(&url, &["get", "--schema", "typo", "1"]);
+    assert!(one_line_error(&o).contains("no instance with id 1"));
+}
+
+#[tokio::test]
+async fn errors_are_one_line_without_backtraces() {
+    let refused = "postgres://nobody@127.0.0.1:1/none";
+    let bt = [("RUST_BACKTRACE", "full"), ("RUST_LIB_BACKTRACE", "1")];
+    for args in [
+        &["insert", "--workflow", "W", "--state", "{"][..],
+        &["insert", "--workflow", "W", "--state", "[1]"],
+        &["insert", "--workflow", "", "--state", "{}"],
+        &["insert", "--workflow", "W", "--concurrency-key", ":x"],
+        &["status", "--schema", "Bad-Name"],
+        &["status", "--key", ":x"],
+    ] {
+        let err = one_line_error(&gendurable_env(refused, args, &bt));
+        assert!(
+            !err.contains("backtrace") && !err.contains("cannot connect"),
+            "{args:?}: {err}"
+        );
+    }
+    // Bad input is reported as such, before any connection is tried.
+    let err = one_line_error(&gendurable_env(
+        refused,
+        &["insert", "--workflow", "W", "--state", "{"],
+        &bt,
+    ));
+    assert!(err.contains("--state is not JSON"), "{err}");
+
+    // A refused connection: its cause, at once (not after the 10 s connect timeout).
+    for verb in [&["status"][..], &["get", "1"], &["migrate"], &["echo"]] {
+        let start = Instant::now();
+        let err = one_line_error(&gendurable_env(refused, verb, &bt));
+        assert!(
+            err.contains("cannot connect to PostgreSQL at 127.0.0.1:1: connection refused"),
+            "{verb:?}: {err}"
+        );
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "{verb:?} took {:?}",
+            start.elapsed()
+        );
+    }
+    let err = one_line_error(&gendurable_env(
+        "postgres://nobody@no-such-host.invalid/none",
+        &["status"],
+        &bt,
+    ));
+    assert!(
+        err.contains(r#"unknown host "no-such-host.invalid""#),
+        "{err}"
+    );
+
+    let pg = TempPostgres::start().await.unwrap();
+    let url = pg.url();
+    let no_db = url.rsplit_once('/').unwrap().0.to_owned() + "/no_such_db";
+    let err = one_line_error(&gendurable_env(&no_db, &["status"], &bt));
+    assert!(
+        err.contains(r#"database "no_such_db" does not exist"#),
+        "{err}"
+    );
+}
+
+#[test]
+fn priority_out_of_range_is_a_clear_error() {
+    for p in ["-3", "10", "x"] {
+        let o = gendurable_env(
+            "postgres://nobody@127.0.0.1:1/none",
+            &["insert", "--workflow", "W", "--priority", p],
+            &[],
+        );
+        assert_eq!(o.status.code(), Some(2));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            err.contains("priority must be between 0 and 9")
+                && !err.contains("unexpected argument"),
+            "{p}: {err}"
+        );
+    }
+}
+
+#[test]
+fn worker_is_listed_and_explained() {
+    let o = Command::new(env!("CARGO_BIN_EXE_gendurable"))
+        .arg("--help")
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&o.stdout);
+    for verb in [
+        "migrate", "status", "insert", "get", "echo", "demo", "bench", "worker",
+    ] {
+        assert!(
+            help.contains(&format!("\n  {verb} ")),
+            "{verb} missing: {help}"
+        );
+    }
+    let o = Command::new(env!("CARGO_BIN_EXE_gendurable"))
+        .args(["worker", "app:engine"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("pip install gendurable"));
+}
+
+#[tokio::test]
+async fn status_lists_rows_no_live_node_will_run() {
+    let pg = TempPostgres::start().await.unwrap();
+    let url = pg.url();
+    let s = ["--schema", "waits"];
+    stdout(&gendurable(&url, &["migrate", s[0], s[1]]));
+    let insert = |workflow: &str, queue: &str| {
+        stdout(&gendurable(
+            &url,
+            &[
+                "insert",
+                s[0],
+                s[1],
+                "--workflow",
+                workflow,
+                "--queue",
+                queue,
+            ],
+        ))
+    };
+    insert("Known", "default");
+    insert("Typo.Flow", "default");
+    insert("Known", "nobody_serves_this");
+
+    // No node at all: every queue is unserved.
+    let out = stdout(&gendurable(&url, &["status", s[0], s[1]]));
+    assert!(
+        out.contains(r#"NO: no live node serves queue "default""#),
+        "{out}"
+    );
+    assert!(
+        out.contains(r#"NO: no live node serves queue "nobody_serves_this""#),
+        "{out}"
+    );
+
+    // A live node serving `default` (as a node registers itself).
+    let pool = sqlx::PgPool::connect(&url).await.unwrap();
+    sqlx::query(
+        "INSERT INTO waits.nodes (id, hostname, pid, queues) VALUES ('n1', 'h', 1, '{\"default\": 1}')",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let out = stdout(&gendurable(&url, &["status", s[0], s[1]]));
+    assert!(
+        out.contains(r#"NO: no live node serves queue "nobody_serves_this""#),
+        "{out}"
+    );
+    assert!(!out.contains(r#"serves queue "default""#), "{out}");
+    assert!(
+        out.contains("do not record which workflows they run"),
+        "{out}"
+    );
+
+    // Nodes that record their workflows: a workflow no live node runs is named.
+    sqlx::query("ALTER TABLE waits.nodes ADD COLUMN workflows text[]")
+        .execute(&pool)
+        .await
+        .unwrap();
+    sqlx::query("UPDATE waits.nodes SET workflows = '{Known}'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let out = stdout(&gendurable(&url, &["status", s[0], s[1]]));
+    assert!(
+        out.contains(r#"NO: no live node serving "default" runs workflow "Typo.Flow""#),
+        "{out}"
+    );
+    assert!(out.contains("workflows Known"), "{out}");
+    let known = out
+        .lines()
+        .find(|l| l.contains("Known") && l.contains(" default "))
+        .unwrap();
+    assert!(known.ends_with("yes"), "{out}");
+    pool.close().await;
+}

@@ -1,0 +1,360 @@
+//! The `gendurable` command line: migrate, inspect, insert, demo and
+//! benchmark the engine.
+//!
+//! A library so that every `gendurable` runs the same verbs: the binary of
+//! this crate (`cargo install`) is a thin `main` over [`run`], and the Python
+//! package's `gendurable` console script calls [`run`] through its extension
+//! for every verb but `worker` (which runs Python workflows, so Python runs it).
+
+mod bench;
+pub mod connect;
+mod demo;
+mod echo;
+mod status;
+mod workload;
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+use gendurable::embedded::TempPostgres;
+use gendurable::{Engine, NewInstance};
+use std::ffi::OsString;
+use std::future::Future;
+use std::time::Duration;
+
+#[derive(Parser)]
+#[command(
+    name = "gendurable",
+    version,
+    about = "A durable step engine on PostgreSQL",
+    after_help = "Read-only verbs (status, get) never create or change anything; only `migrate` \
+                  (and the nodes of `echo` and `worker`) create or upgrade the schema."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(clap::Args, Clone)]
+struct Db {
+    /// PostgreSQL URL.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    url: Option<String>,
+    /// The schema holding the engine's tables.
+    #[arg(long, default_value = "gendurable")]
+    schema: String,
+    /// Seconds to wait for a connection (a refused one fails at once).
+    #[arg(long, default_value = "10", value_parser = parse_seconds)]
+    connect_timeout: Duration,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Create or upgrade the schema (idempotent; safe from many nodes at once).
+    Migrate {
+        #[command(flatten)]
+        db: Db,
+    },
+    /// Instances per queue and status, live nodes, gates, executing keys, rate
+    /// limits, and the waiting rows no live node will run (read-only).
+    Status {
+        #[command(flatten)]
+        db: Db,
+        /// Also show the effective K of these keys under the --gate settings.
+        #[arg(long = "key")]
+        keys: Vec<String>,
+        /// A gate as configured on the nodes: NAME=LIMIT or NAME=LIMIT/SHARDS.
+        #[arg(long = "gate", value_parser = status::parse_gate)]
+        gates: Vec<(String, gendurable::GateConfig)>,
+    },
+    /// Run a sample workload (a throwaway Postgres unless DATABASE_URL is set).
+    Demo(demo::Args),
+    /// Measure inserts/s and steps/s on a throwaway Postgres.
+    Bench(bench::Args),
+    /// One workload of the cross-system benchmark (`benchmarks/`); prints a JSON line.
+    Workload(workload::Args),
+    /// Insert one instance and print its id (the schema must exist: see `migrate`).
+    Insert {
+        #[command(flatten)]
+        db: Db,
+        /// The workflow name.
+        #[arg(long)]
+        workflow: String,
+        /// The state, a JSON object.
+        #[arg(long, default_value = "{}")]
+        state: String,
+        #[arg(long, default_value = gendurable::DEFAULT_STEP)]
+        step: String,
+        #[arg(long, default_value = gendurable::DEFAULT_QUEUE)]
+        queue: String,
+        /// 0 (first) to 9.
+        #[arg(long, default_value = "0", allow_negative_numbers = true, value_parser = parse_priority)]
+        priority: i16,
+        #[arg(long)]
+        concurrency_key: Option<String>,
+    },
+    /// Print an instance as JSON (read-only).
+    Get {
+        #[command(flatten)]
+        db: Db,
+        #[arg(allow_negative_numbers = true)]
+        id: i64,
+    },
+    /// Run a node with the built-in `gendurable.Echo` workflow (for
+    /// cross-language checks) until SIGTERM or Ctrl-C.
+    Echo {
+        #[command(flatten)]
+        db: Db,
+        /// Steps at once.
+        #[arg(long, default_value_t = 10)]
+        concurrency: u32,
+        #[arg(long, default_value = gendurable::DEFAULT_QUEUE)]
+        queue: String,
+    },
+    /// Run the worker node of a Python engine until SIGTERM or Ctrl-C
+    /// (MODULE:ATTRIBUTE, an Engine or a function returning one; needs the
+    /// Python package: pip install gendurable).
+    Worker {
+        /// e.g. app.jobs:engine
+        #[arg(value_name = "MODULE:ATTRIBUTE")]
+        engine: String,
+    },
+}
+
+/// Exit status of a run stopped by Ctrl-C (128 + SIGINT, as a shell reports it).
+pub const INTERRUPTED: i32 = 130;
+
+/// Run the command line `args` (the first is the program name) and return
+/// its exit status. Errors are printed to stderr as one line (never a
+/// backtrace, whatever `RUST_BACKTRACE` says). Ctrl-C stops the verb (the
+/// `echo` node shuts down gracefully) and returns [`INTERRUPTED`].
+pub fn run<I, T>(args: I) -> i32
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let cli = match Cli::try_parse_from(args) {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return e.exit_code();
+        }
+    };
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .try_init();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => return fail(&anyhow::Error::from(e)),
+    };
+    let code = rt.block_on(async {
+        let interrupted = async {
+            // If the handler cannot be installed, Ctrl-C keeps its default effect.
+            if tokio::signal::ctrl_c().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        };
+        match cli.command {
+            // The node stops gracefully on Ctrl-C itself.
+            Command::Echo {
+                db,
+                concurrency,
+                queue,
+            } => report(echo(db, queue, concurrency, interrupted).await),
+            command => {
+                tokio::select! {
+                    r = execute(command) => report(r),
+                    _ = interrupted => {
+                        eprintln!("gendurable: interrupted");
+                        INTERRUPTED
+                    }
+                }
+            }
+        }
+    });
+    // Tasks left behind (a verb stopped by Ctrl-C) are not waited for long.
+    rt.shutdown_timeout(Duration::from_secs(1));
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    code
+}
+
+fn report(r: Result<()>) -> i32 {
+    match r {
+        Ok(()) => 0,
+        Err(e) => fail(&e),
+    }
+}
+
+/// Print an error as one line: `error: what: why: cause` (a cause already
+/// quoted by the error before it is not repeated).
+fn fail(e: &anyhow::Error) -> i32 {
+    let mut msg = e.to_string();
+    for cause in e.chain().skip(1) {
+        let cause = cause.to_string();
+        if !msg.contains(&cause) {
+            msg.push_str(": ");
+            msg.push_str(&cause);
+        }
+    }
+    eprintln!("error: {}", connect::one_line(&msg));
+    match e.downcast_ref::<Usage>() {
+        Some(_) => 2,
+        None => 1,
+    }
+}
+
+/// An error in how the command was called (exit status 2, as clap's).
+#[derive(Debug)]
+struct Usage(String);
+
+impl std::fmt::Display for Usage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Usage {}
+
+async fn execute(command: Command) -> Result<()> {
+    match command {
+        Command::Migrate { db } => {
+            let engine = client(&db, Schema::Create).await?;
+            engine.migrate().await?;
+            println!("schema {:?} is up to date", db.schema);
+        }
+        Command::Status { db, keys, gates } => {
+            for k in &keys {
+                gendurable::validate::key("key", k)?;
+            }
+            status::run(client(&db, Schema::MustExist).await?, keys, gates).await?
+        }
+        Command::Demo(args) => demo::run(args).await?,
+        Command::Bench(args) => bench::run(args).await?,
+        Command::Workload(args) => workload::run(args).await?,
+        Command::Insert {
+            db,
+            workflow,
+            state,
+            step,
+            queue,
+            priority,
+            concurrency_key,
+        } => {
+            let state = serde_json::from_str(&state).context("--state is not JSON")?;
+            // Checked before connecting: bad input is reported as such.
+            use gendurable::validate;
+            validate::name("workflow", &workflow)?;
+            validate::name("step", &step)?;
+            validate::name("queue", &queue)?;
+            validate::state("state", &state)?;
+            let mut new = NewInstance::new(workflow, state)
+                .step(step)
+                .queue(queue)
+                .priority(priority);
+            if let Some(k) = concurrency_key {
+                validate::key("concurrency_key", &k)?;
+                new = new.concurrency_key(k);
+            }
+            let engine = client(&db, Schema::MustExist).await?;
+            println!("{}", engine.insert(new).await?);
+        }
+        Command::Get { db, id } => {
+            let i = client(&db, Schema::MustExist).await?.get(id).await?;
+            println!("{}", echo::instance_json(&i));
+        }
+        Command::Echo { .. } => unreachable!("run handles echo"),
+        Command::Worker { .. } => {
+            return Err(Usage(
+                "`gendurable worker` runs Python workflows and comes with the Python package \
+                 (pip install gendurable); this gendurable has no Python"
+                    .into(),
+            )
+            .into())
+        }
+    }
+    Ok(())
+}
+
+async fn echo(
+    db: Db,
+    queue: String,
+    concurrency: u32,
+    interrupted: impl Future<Output = ()>,
+) -> Result<()> {
+    let url = db.url.clone().context(NO_URL)?;
+    connect::check(&url, db.connect_timeout).await?;
+    echo::run(&url, &db.schema, &queue, concurrency, interrupted).await
+}
+
+const NO_URL: &str = "no database: pass --url or set DATABASE_URL";
+
+/// What a verb may do to the schema.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Schema {
+    /// `migrate`: it creates or upgrades it.
+    Create,
+    /// Every other verb: it must exist; nothing is created.
+    MustExist,
+}
+
+/// A client engine for `db`: the configuration checked, the database reached
+/// (or why not, at once), and for every verb but `migrate` the schema there.
+async fn client(db: &Db, schema: Schema) -> Result<Engine> {
+    let url = db.url.clone().context(NO_URL)?;
+    let builder = Engine::builder()
+        .url(&url)
+        .schema(&db.schema)
+        .connect_timeout(db.connect_timeout)
+        .migrate(false);
+    builder.validate()?;
+    connect::check(&url, db.connect_timeout).await?;
+    let engine = builder.build().await?;
+    if schema == Schema::MustExist && !engine.schema_exists().await? {
+        bail!(
+            "no gendurable schema {:?} in this database (nothing was created); \
+             `gendurable migrate --schema {}` creates it",
+            db.schema,
+            db.schema
+        );
+    }
+    Ok(engine)
+}
+
+fn parse_priority(s: &str) -> Result<i16, String> {
+    match s.trim().parse::<i16>() {
+        Ok(p) if (0..=9).contains(&p) => Ok(p),
+        _ => Err(format!(
+            "priority must be between 0 and 9 (0 runs first), got {s}"
+        )),
+    }
+}
+
+fn parse_seconds(s: &str) -> Result<Duration, String> {
+    s.trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|v| *v > 0.0)
+        .and_then(|v| Duration::try_from_secs_f64(v).ok())
+        .ok_or_else(|| format!("expected a number of seconds above zero, got {s}"))
+}
+
+/// The URL to use: DATABASE_URL when set, else a throwaway server kept alive
+/// by the returned guard.
+async fn database(fsync: bool) -> Result<(String, Option<TempPostgres>)> {
+    if let Ok(url) = std::env::var("DATABASE_URL") {
+        return Ok((url, None));
+    }
+    eprintln!("DATABASE_URL is not set: starting a throwaway PostgreSQL...");
+    let pg = TempPostgres::start_with(gendurable::embedded::TempPostgresOptions {
+        fsync,
+        ..Default::default()
+    })
+    .await?;
+    Ok((pg.url(), Some(pg)))
+}
