@@ -324,9 +324,14 @@ impl Fleet {
             }
             State::Dead => return false,
         };
+        // `wait` closes the child's stdin, which a node takes as the
+        // controller gone (it exits at once): kept open until it is gone.
+        let stdin = p.child.stdin.take();
         let t = now();
         signal(p.pid, libc::SIGTERM);
-        if tokio::time::timeout(grace, p.child.wait()).await.is_err() {
+        let graceful = tokio::time::timeout(grace, p.child.wait()).await.is_ok();
+        drop(stdin);
+        if !graceful {
             // It did not shut down in time: a kill, on the record as one.
             eprintln!(
                 "node {} did not shut down within {grace:?}; killed",

@@ -110,6 +110,8 @@ fn main() -> ExitCode {
                 )
                 .with_writer(std::io::stderr)
                 .init();
+            // Planned panics are part of the run: one line each.
+            std::panic::set_hook(Box::new(|info| eprintln!("panic: {info}")));
             match runtime.block_on(node::run(args)) {
                 Ok(()) => 0,
                 Err(e) => {
