@@ -201,6 +201,13 @@ impl EngineConfig {
     }
 
     /// The rate limit that captures a rate-limit key, if any.
+    /// The configured gates as the SQL functions take them: names and limits.
+    pub(crate) fn gate_arrays(&self) -> (Vec<String>, Vec<i32>) {
+        let names = self.gates.keys().cloned().collect();
+        let limits = self.gates.values().map(|g| g.limit as i32).collect();
+        (names, limits)
+    }
+
     pub fn rate_for(&self, key: &str) -> Option<(&str, &RateConfig)> {
         self.rates
             .get_key_value(validate::key_name(key))

@@ -28,6 +28,8 @@ pub(crate) struct Sql {
     pub next_rate_start: String,
     pub next_ids: String,
     pub copy_in: String,
+    pub key_room: String,
+    pub unpark_sweep: String,
 }
 
 impl Sql {
@@ -58,7 +60,10 @@ impl Sql {
             next_ids: q("WITH q AS MATERIALIZED (SELECT pg_get_serial_sequence('__S__.instances', 'id')::regclass AS s)
                          SELECT nextval(s) FROM q, generate_series(1, $1)"),
             copy_in: q("COPY __S__.instances (id, workflow, step, state, queue, priority, concurrency_key,
-                                              rate_key, max_attempts, status) FROM STDIN"),
+                                              rate_key, max_attempts, status, parked) FROM STDIN"),
+            // $1 keys, $2/$3 gate names and limits (see the parking migration).
+            key_room: q("SELECT key, room FROM __S__.key_room($1, $2, $3)"),
+            unpark_sweep: q("SELECT unparked, last_key FROM __S__.unpark_sweep($1, $2, $3, $4, $5, $6, $7, $8, $9)"),
             insert: q(include_str!("sql/insert.sql")),
             // Outcomes, handovers and claims (see the migration defining it).
             handoff: q("SELECT (claimed).*, reserved, written, released, handed_over, released_keys, promoted

@@ -142,6 +142,7 @@ where
         Some(sh) if !started.is_empty() => Some(node::claiming(sh).await),
         _ => None,
     };
+    let (gate_names, gate_limits) = inner.cfg.gate_arrays();
     let result = sqlx::query(&inner.sql.insert)
         .bind(rows.workflow)
         .bind(rows.step)
@@ -156,6 +157,8 @@ where
         .bind(&inner.sql.channel)
         .bind(start)
         .bind(&inner.cfg.node_id)
+        .bind(gate_names)
+        .bind(gate_limits)
         .fetch_all(executor)
         .await;
     // Rows come back in input order; the started ones with their state.
@@ -218,6 +221,7 @@ pub(crate) async fn copy(inner: &Inner, pool: &PgPool, rows: Rows) -> Result<Vec
         .bind(rows.len() as i64)
         .fetch_all(&mut *tx)
         .await?;
+    let parked = parked_on_copy(inner, &mut tx, &rows).await?;
     let mut data = String::with_capacity(rows.len() * 64);
     for (i, id) in ids.iter().enumerate() {
         let _ = write!(data, "{id}\t");
@@ -238,7 +242,8 @@ pub(crate) async fn copy(inner: &Inner, pool: &PgPool, rows: Rows) -> Result<Vec
             }
             data.push('\t');
         }
-        let _ = writeln!(data, "{}\tavailable", rows.max_attempts[i]);
+        let parked = if parked[i] { "key" } else { "\\N" };
+        let _ = writeln!(data, "{}\tavailable\t{parked}", rows.max_attempts[i]);
     }
     let mut copy = tx.copy_in_raw(&inner.sql.copy_in).await?;
     copy.send(data.into_bytes()).await?;
@@ -256,6 +261,43 @@ pub(crate) async fn copy(inner: &Inner, pool: &PgPool, rows: Rows) -> Result<Vec
         .await?;
     tx.commit().await?;
     Ok(ids)
+}
+
+/// Which rows of a batch due now to park: those of a key beyond the room it
+/// has (see `key_room` in the parking migration), in the order the pick
+/// would take them (priority, then the batch's order).
+async fn parked_on_copy(
+    inner: &Inner,
+    tx: &mut sqlx::PgConnection,
+    rows: &Rows,
+) -> Result<Vec<bool>> {
+    let mut parked = vec![false; rows.len()];
+    let keys: Vec<&str> = rows.ckey.iter().flatten().map(String::as_str).collect();
+    if keys.is_empty() {
+        return Ok(parked);
+    }
+    let (gate_names, gate_limits) = inner.cfg.gate_arrays();
+    let mut room: HashMap<String, i64> = sqlx::query_as::<_, (String, i32)>(&inner.sql.key_room)
+        .bind(&keys)
+        .bind(gate_names)
+        .bind(gate_limits)
+        .fetch_all(&mut *tx)
+        .await?
+        .into_iter()
+        .map(|(k, r)| (k, r as i64))
+        .collect();
+    let mut order: Vec<usize> = (0..rows.len())
+        .filter(|&i| rows.ckey[i].is_some())
+        .collect();
+    order.sort_by_key(|&i| (rows.priority[i], i));
+    for i in order {
+        let left = rows.ckey[i].as_ref().and_then(|k| room.get_mut(k));
+        match left {
+            Some(n) if *n > 0 => *n -= 1,
+            _ => parked[i] = true,
+        }
+    }
+    Ok(parked)
 }
 
 /// `COPY`'s text format: backslash, tab, newline and carriage return escaped.

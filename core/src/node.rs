@@ -41,6 +41,8 @@ const STAGE_BATCH: i64 = 10_000;
 const PRUNE_BATCH: i64 = 10_000;
 /// Gate keys the reconciler sweeps per maintenance pass.
 const RECONCILE_BATCH: i32 = 1000;
+/// Keys (and rate-limit keys) with parked rows the sweep looks at per pass.
+const UNPARK_BATCH: i32 = 1000;
 
 pub(crate) struct Node {
     shared: Arc<Shared>,
@@ -428,9 +430,14 @@ async fn rate_waker(sh: Arc<Shared>, queue: String) {
         }
         if let Some(wait) = next_rate_start(&sh).await {
             tokio::select! {
-                _ = tokio::time::sleep(wait) => wake.wake(),
+                _ = tokio::time::sleep(wait) => {}
                 _ = sh.shutdown.cancelled() => return,
             }
+            // Rows parked for their rate limit come back where a pick sees them.
+            if let Err(e) = unpark(&sh, None, false).await {
+                tracing::debug!(error = %e, "unparking rate-limited rows failed");
+            }
+            wake.wake();
         }
     }
 }
@@ -1415,6 +1422,7 @@ async fn maintain(sh: Arc<Shared>) {
     let mut last_reap = Instant::now() - cfg.heartbeat_interval;
     let mut last_gc = Instant::now();
     let mut gates_after: Option<String> = None;
+    let mut parked_after: Option<String> = None;
     let mut last_prune = Instant::now() - Duration::from_secs(3600);
     loop {
         let now = Instant::now();
@@ -1426,6 +1434,12 @@ async fn maintain(sh: Arc<Shared>) {
             if let Err(e) = reap(inner, None).await {
                 tracing::debug!(error = %e, "reaping failed");
             }
+        }
+        // Parked rows whose key has room (a race, a rescue, a repaired
+        // gate) or whose rate limit allows starts again.
+        match unpark(&sh, parked_after.as_deref(), true).await {
+            Ok((_, next)) => parked_after = next,
+            Err(e) => tracing::debug!(error = %e, "unparking failed"),
         }
         if sh.check_lost.swap(false, SeqCst) {
             if let Err(e) = give_back_lost(&sh).await {
@@ -1537,6 +1551,30 @@ pub(crate) async fn reap(inner: &Inner, own: Option<&str>) -> Result<u64> {
             .await?;
     }
     Ok(rescued)
+}
+
+/// One bounded unparking pass (see `unpark_sweep` in the parking migration):
+/// keys with parked rows from the one after `after` (if `keys`), then rows
+/// parked for a rate limit that allows starts now. Returns the rows unparked
+/// and where the key sweep goes on (None: it reached the end).
+async fn unpark(sh: &Shared, after: Option<&str>, keys: bool) -> Result<(u64, Option<String>)> {
+    let inner = &sh.inner;
+    let p = &sh.pick;
+    let row = sqlx::query(&inner.sql.unpark_sweep)
+        .bind(after)
+        .bind(UNPARK_BATCH)
+        .bind(keys)
+        .bind(&inner.sql.channel)
+        .bind(&p.gate_names)
+        .bind(&p.gate_limits)
+        .bind(&p.rate_names)
+        .bind(&p.rate_intervals)
+        .bind(&p.rate_tolerances)
+        .fetch_one(&inner.pool)
+        .await?;
+    let n = row.try_get::<i32, _>(0)? as u64;
+    Stats::add(&inner.stats.unparked, n);
+    Ok((n, row.try_get(1)?))
 }
 
 /// One bounded reconciler pass from the gate key after `after`: repair gate

@@ -17,6 +17,7 @@ pub struct Stats {
     pub(crate) handed_over: AtomicU64,
     pub(crate) started_on_insert: AtomicU64,
     pub(crate) successors: AtomicU64,
+    pub(crate) unparked: AtomicU64,
     pub(crate) not_admitted: AtomicU64,
     pub(crate) stopped: AtomicU64,
 }
@@ -51,6 +52,9 @@ pub struct StatsSnapshot {
     /// Reserved successors started in the slot a step of their key freed,
     /// and promoted with that step's outcome.
     pub successors: u64,
+    /// Parked rows the maintenance sweep and the rate-limit wake-ups put
+    /// back where a pick sees them (those unparked by outcomes not counted).
+    pub unparked: u64,
     /// Successors started in a freed slot whose promotion did not happen
     /// (their predecessor's outcome was fenced): stopped, nothing recorded.
     pub not_admitted: u64,
@@ -75,6 +79,7 @@ impl Stats {
             handed_over: self.handed_over.load(Relaxed),
             started_on_insert: self.started_on_insert.load(Relaxed),
             successors: self.successors.load(Relaxed),
+            unparked: self.unparked.load(Relaxed),
             not_admitted: self.not_admitted.load(Relaxed),
             stopped: self.stopped.load(Relaxed),
         }

@@ -1,0 +1,655 @@
+-- Parking: rows that cannot be admitted now leave the pick's index, so a
+-- pick's cost no longer grows with them.
+--
+-- The pick walked every row of a saturated gate, a busy K = 1 key or an
+-- exhausted rate limit in its index on every call: 100,000 such rows ahead
+-- of unrelated work made that work 230 times slower. Now a row waiting for
+-- its key or its rate limit is `parked` ('key' or 'rate'): still
+-- 'available', but out of instances_pick, held in key order in an index of
+-- its own, and unparked in that order when its key frees a slot or its rate
+-- limit allows the next start.
+--
+-- * An insert parks the rows of a key beyond the room the key has (its K
+--   minus its executing rows and the rows already waiting unparked), so a
+--   backlog inserted ahead of time never enters the pick's index.
+-- * The pick parks the rows of its window it finds blocked (rows made
+--   runnable any other way: retries, wake-ups, released claims).
+-- * The call recording an outcome that leaves a key with room unparks the
+--   key's next rows into it (unpark_keys), and a handover takes them
+--   directly, parked or not.
+-- * The maintenance sweep unparks what a race left behind (a pick parking a
+--   row while another call freed its key), what the reaper and the gate
+--   reconciler free, and rate-parked rows whose limit allows starts again.
+--
+-- pick() is restated from 20261201000007: its window no longer filters
+-- blocked rows (it parks them), and it writes the parking.
+
+ALTER TABLE instances ADD COLUMN parked text;
+ALTER TABLE instances ADD CONSTRAINT instances_parked_check CHECK (parked IN ('key', 'rate'));
+
+DROP INDEX instances_pick;
+CREATE INDEX instances_pick ON instances (queue, priority, scheduled_at, id)
+    WHERE status = 'available' AND parked IS NULL;
+
+-- A key's parked rows in key order, across queues (unparking), and the rows
+-- of a key waiting unparked (its heads: few, counted against its room).
+CREATE INDEX instances_parked_key ON instances (concurrency_key, priority, scheduled_at, id)
+    WHERE status = 'available' AND parked = 'key';
+CREATE INDEX instances_heads ON instances (concurrency_key)
+    WHERE status = 'available' AND parked IS NULL AND concurrency_key IS NOT NULL;
+CREATE INDEX instances_parked_rate ON instances (rate_key, priority, scheduled_at, id)
+    WHERE status = 'available' AND parked = 'rate';
+
+-- The room each key has for rows to wait unparked: its K (a gate's limit,
+-- from the caller's configuration; 1 otherwise) minus its executing rows and
+-- the rows already waiting unparked. Counts stop at K, so a key with many
+-- unparked rows costs no more than one with K.
+CREATE FUNCTION key_room(keys text[], gate_names text[], gate_limits integer[])
+RETURNS TABLE (key text, room integer)
+LANGUAGE sql STABLE
+SET search_path FROM CURRENT
+SET jit = off
+AS $$
+    SELECT k.key, greatest(k.cap
+               - (SELECT count(*) FROM (SELECT 1 FROM instances e
+                                         WHERE e.status = 'executing' AND e.gate_shard IS NULL
+                                           AND e.concurrency_key = k.key LIMIT k.cap) x)
+               - (SELECT count(*) FROM (SELECT 1 FROM instances e
+                                         WHERE e.status = 'executing' AND e.gate_shard IS NOT NULL
+                                           AND e.concurrency_key = k.key LIMIT k.cap) x)
+               - (SELECT count(*) FROM (SELECT 1 FROM instances a
+                                         WHERE a.status = 'available' AND a.parked IS NULL
+                                           AND a.concurrency_key = k.key LIMIT k.cap) x), 0)::integer
+    FROM (SELECT d.key, coalesce(gate_limits[array_position(gate_names, split_part(d.key, ':', 1))], 1) AS cap
+          FROM (SELECT DISTINCT unnest(keys) AS key) d) k
+$$;
+
+-- Unpark the next rows of `keys`, in key order, as far as each key has room,
+-- and wake their queues on `channel` (NULL: the caller wakes them). Returns
+-- how many rows it unparked.
+CREATE FUNCTION unpark_keys(keys text[], gate_names text[], gate_limits integer[], channel text)
+RETURNS integer
+LANGUAGE sql VOLATILE
+SET search_path FROM CURRENT
+SET jit = off
+AS $$
+    WITH r AS (
+        SELECT key, room FROM key_room(keys, gate_names, gate_limits) WHERE room > 0
+    ), c AS (
+        SELECT p.id FROM r CROSS JOIN LATERAL (
+            SELECT i.id FROM instances i
+            WHERE i.concurrency_key = r.key AND i.status = 'available' AND i.parked = 'key'
+            ORDER BY i.priority, i.scheduled_at, i.id
+            LIMIT r.room
+            FOR UPDATE SKIP LOCKED) p
+    ), u AS (
+        UPDATE instances i SET parked = NULL FROM c WHERE i.id = c.id RETURNING i.queue
+    ), woken AS (
+        SELECT pg_notify(channel, q) FROM (SELECT DISTINCT queue AS q FROM u) d WHERE channel IS NOT NULL
+    )
+    SELECT ((SELECT count(*) FROM u) + 0 * (SELECT count(*) FROM woken))::integer
+$$;
+
+-- The sweep: if `keys`, up to `lim` keys with parked rows from the first
+-- after `after` (NULL: from the start), each unparked as far as it has room;
+-- then up to `lim` rate-limit keys with parked rows, each unparked as far as
+-- its limit allows starts now (a name no longer configured: all of them,
+-- `lim` at a time). Queues with rows unparked are woken on `channel`. Returns the rows
+-- unparked and the last key swept (NULL once the sweep reached the end).
+CREATE FUNCTION unpark_sweep(after text, lim integer, keys boolean, channel text,
+                             gate_names text[], gate_limits integer[],
+                             rate_names text[], rate_intervals float8[], rate_tolerances float8[],
+                             OUT unparked integer, OUT last_key text)
+LANGUAGE plpgsql VOLATILE
+SET search_path FROM CURRENT
+SET jit = off
+AS $$
+DECLARE
+    ks text[];
+    n_rate integer;
+BEGIN
+    unparked := 0;
+    IF keys THEN
+        -- Distinct keys with parked rows, one index probe each.
+        WITH RECURSIVE k AS (
+            (SELECT i.concurrency_key AS key FROM instances i
+             WHERE i.status = 'available' AND i.parked = 'key' AND i.concurrency_key > coalesce(after, '')
+             ORDER BY i.concurrency_key LIMIT 1)
+            UNION ALL
+            SELECT (SELECT i.concurrency_key FROM instances i
+                    WHERE i.status = 'available' AND i.parked = 'key' AND i.concurrency_key > k.key
+                    ORDER BY i.concurrency_key LIMIT 1)
+            FROM k WHERE k.key IS NOT NULL
+        )
+        SELECT array_agg(key) INTO ks FROM (SELECT key FROM k WHERE key IS NOT NULL LIMIT lim) x;
+        unparked := coalesce(unpark_keys(ks, gate_names, gate_limits, channel), 0);
+        last_key := CASE WHEN cardinality(ks) >= lim THEN ks[cardinality(ks)] END;
+    END IF;
+
+    WITH RECURSIVE k AS (
+        (SELECT i.rate_key AS key FROM instances i
+         WHERE i.status = 'available' AND i.parked = 'rate'
+         ORDER BY i.rate_key LIMIT 1)
+        UNION ALL
+        SELECT (SELECT i.rate_key FROM instances i
+                WHERE i.status = 'available' AND i.parked = 'rate' AND i.rate_key > k.key
+                ORDER BY i.rate_key LIMIT 1)
+        FROM k WHERE k.key IS NOT NULL
+    ), rk AS (
+        SELECT k.key, array_position(rate_names, split_part(k.key, ':', 1)) AS ri
+        FROM (SELECT key FROM k WHERE key IS NOT NULL LIMIT lim) k
+    ), allow AS (
+        -- As the pick's GCRA (see pick), read without locking: the pick
+        -- decides; this only puts rows where it can see them.
+        SELECT k.key,
+               CASE WHEN k.ri IS NULL THEN lim
+                    ELSE coalesce(
+                        (SELECT CASE WHEN greatest(rs.tat, now()) <= now() + make_interval(secs => rate_tolerances[k.ri])
+                                     THEN floor((extract(epoch FROM now() - greatest(rs.tat, now()))::float8
+                                                 + rate_tolerances[k.ri]) / rate_intervals[k.ri] + 1e-9)::integer + 1
+                                     ELSE 0 END
+                         FROM rate_state rs WHERE rs.key = k.key),
+                        floor(rate_tolerances[k.ri] / rate_intervals[k.ri] + 1e-9)::integer + 1)
+               END AS n
+        FROM rk k
+    ), c AS (
+        SELECT p.id FROM allow a CROSS JOIN LATERAL (
+            SELECT i.id FROM instances i
+            WHERE i.rate_key = a.key AND i.status = 'available' AND i.parked = 'rate'
+            ORDER BY i.priority, i.scheduled_at, i.id
+            LIMIT a.n
+            FOR UPDATE SKIP LOCKED) p
+        WHERE a.n > 0
+    ), u AS (
+        UPDATE instances i SET parked = NULL FROM c WHERE i.id = c.id RETURNING i.queue
+    ), woken AS (
+        SELECT pg_notify(channel, q) FROM (SELECT DISTINCT queue AS q FROM u) d
+    )
+    SELECT (SELECT count(*) FROM u) + 0 * (SELECT count(*) FROM woken) INTO n_rate;
+    unparked := unparked + n_rate;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pick(text, integer, integer, text[], text, text[], integer[], integer[],
+                     text[], float8[], float8[])
+RETURNS SETOF claim
+LANGUAGE plpgsql VOLATILE
+SET search_path FROM CURRENT
+SET plan_cache_mode = force_generic_plan
+SET jit = off
+AS $$
+BEGIN
+    RETURN QUERY
+    WITH win AS MATERIALIZED (
+        SELECT i.id, i.priority, i.scheduled_at, i.concurrency_key AS ckey, i.rate_key AS rkey, i.attempt,
+               array_position($6::text[], split_part(i.concurrency_key, ':', 1)) AS gi,
+               array_position($9::text[], split_part(i.rate_key, ':', 1)) AS ri
+        FROM instances i
+        WHERE i.queue = $1 AND i.status = 'available' AND i.parked IS NULL AND i.node IS NULL
+          AND i.workflow = ANY ($4::text[])
+        ORDER BY i.priority, i.scheduled_at, i.id
+        LIMIT $3
+        FOR UPDATE OF i SKIP LOCKED
+    ), ranked AS MATERIALIZED (
+        -- Whether the row's key is blocked, as this statement's snapshot sees
+        -- it: its K = 1 key executing, or its gate's free slots.
+        SELECT w.*, row_number() OVER (PARTITION BY w.ckey ORDER BY w.priority, w.scheduled_at, w.id) AS krank,
+               (w.ckey IS NOT NULL AND w.gi IS NULL
+                AND EXISTS (SELECT 1 FROM instances e
+                            WHERE e.status = 'executing' AND e.gate_shard IS NULL
+                              AND e.concurrency_key = w.ckey)) AS k1busy,
+               CASE WHEN w.gi IS NOT NULL
+                    THEN coalesce((SELECT sum(s.available) FROM gate_slots s WHERE s.key = w.ckey), $7[w.gi])
+               END AS gfree
+        FROM win w
+    ), gkeys AS MATERIALIZED (
+        SELECT DISTINCT ckey, gi FROM ranked WHERE gi IS NOT NULL
+    ), shards AS MATERIALIZED (
+        SELECT s.key, s.shard, s.available FROM gate_slots s
+        WHERE s.key IN (SELECT ckey FROM gkeys) AND s.available > 0
+        ORDER BY s.key, s.shard
+        FOR UPDATE SKIP LOCKED
+    ), gmint AS MATERIALIZED (
+        SELECT k.ckey FROM gkeys k
+        WHERE NOT EXISTS (SELECT 1 FROM gate_slots s WHERE s.key = k.ckey)
+          AND may_mint_gate(k.ckey)
+    ), gcap AS MATERIALIZED (
+        SELECT k.ckey, k.gi, m.ckey IS NOT NULL AS fresh,
+               CASE WHEN m.ckey IS NOT NULL THEN $7[k.gi]
+                    ELSE coalesce((SELECT sum(s.available) FROM shards s WHERE s.key = k.ckey), 0)
+               END AS cap
+        FROM gkeys k LEFT JOIN gmint m ON m.ckey = k.ckey
+    ), rkeys AS MATERIALIZED (
+        SELECT DISTINCT rkey, ri FROM ranked WHERE ri IS NOT NULL
+    ), rlocked AS MATERIALIZED (
+        SELECT rs.key, rs.tat FROM rate_state rs
+        WHERE rs.key IN (SELECT rkey FROM rkeys)
+        ORDER BY rs.key
+        FOR UPDATE SKIP LOCKED
+    ), rmint AS MATERIALIZED (
+        SELECT k.rkey FROM rkeys k
+        WHERE NOT EXISTS (SELECT 1 FROM rate_state rs WHERE rs.key = k.rkey)
+          AND may_mint_rate(k.rkey)
+    ), rallow AS MATERIALIZED (
+        -- GCRA: a start at t conforms while tat <= t + tolerance; each takes one interval.
+        SELECT k.rkey, m.rkey IS NOT NULL AS fresh, (l.key IS NOT NULL OR m.rkey IS NOT NULL) AS known,
+               CASE WHEN m.rkey IS NOT NULL THEN floor($11[k.ri] / $10[k.ri] + 1e-9)::integer + 1
+                    WHEN l.key IS NULL THEN 0
+                    WHEN greatest(l.tat, now()) <= now() + make_interval(secs => $11[k.ri])
+                    THEN floor((extract(epoch FROM now() - greatest(l.tat, now()))::float8 + $11[k.ri])
+                               / $10[k.ri] + 1e-9)::integer + 1
+                    ELSE 0
+               END AS allowed
+        FROM rkeys k
+        LEFT JOIN rlocked l ON l.key = k.rkey
+        LEFT JOIN rmint m ON m.rkey = k.rkey
+    ), cand AS MATERIALIZED (
+        SELECT r.*, row_number() OVER (PARTITION BY r.rkey ORDER BY r.priority, r.scheduled_at, r.id) AS rrank
+        FROM ranked r LEFT JOIN gcap g ON g.ckey = r.ckey
+        WHERE r.ckey IS NULL
+           OR (r.gi IS NULL AND r.krank = 1 AND NOT r.k1busy)
+           OR (r.gi IS NOT NULL AND r.krank <= g.cap)
+    ), chosen AS MATERIALIZED (
+        SELECT c.id, c.priority, c.scheduled_at, c.ckey, c.gi, c.rkey, c.ri, c.attempt, a.fresh AS rfresh
+        FROM cand c LEFT JOIN rallow a ON a.rkey = c.rkey
+        WHERE (c.ri IS NULL OR c.rrank <= a.allowed)
+          AND (c.ckey IS NULL OR c.gi IS NOT NULL OR claim_key(c.ckey))
+        ORDER BY c.priority, c.scheduled_at, c.id
+        LIMIT $2
+    ), gpick AS (
+        SELECT c.id, c.ckey, c.gi, g.fresh,
+               row_number() OVER (PARTITION BY c.ckey ORDER BY c.priority, c.scheduled_at, c.id) AS j
+        FROM chosen c JOIN gcap g ON g.ckey = c.ckey
+        WHERE c.gi IS NOT NULL
+    ), ranges AS (
+        SELECT s.key, s.shard, s.available,
+               sum(s.available) OVER (PARTITION BY s.key ORDER BY s.shard) AS hi
+        FROM shards s
+    ), gassign AS MATERIALIZED (
+        -- Fresh keys spread round-robin over all shards; existing ones fill the
+        -- locked shards in order.
+        SELECT p.id, p.ckey, p.gi, p.fresh,
+               CASE WHEN p.fresh THEN ((p.j - 1) % least($8[p.gi], $7[p.gi]))::integer
+                    ELSE (SELECT r.shard FROM ranges r
+                          WHERE r.key = p.ckey AND p.j > r.hi - r.available AND p.j <= r.hi)
+               END AS shard
+        FROM gpick p
+    ), minted AS (
+        INSERT INTO gate_slots (key, shard, capacity, available)
+        SELECT m.ckey, s.shard, cp.capacity,
+               cp.capacity - (SELECT count(*) FROM gassign a WHERE a.ckey = m.ckey AND a.shard = s.shard)
+        FROM (SELECT DISTINCT ckey, gi FROM gassign WHERE fresh) m
+        CROSS JOIN LATERAL generate_series(0, least($8[m.gi], $7[m.gi]) - 1) AS s(shard)
+        CROSS JOIN LATERAL (
+            SELECT ($7[m.gi] / least($8[m.gi], $7[m.gi])
+                    + CASE WHEN s.shard < $7[m.gi] % least($8[m.gi], $7[m.gi]) THEN 1 ELSE 0 END)::integer
+                   AS capacity) cp
+        ORDER BY 1, 2
+        RETURNING 1
+    ), debited AS (
+        -- New values come from the versions this statement locked (shards,
+        -- rlocked), never from the UPDATE's own scan: that scan reads the
+        -- statement snapshot, which may predate a credit committed before the lock.
+        UPDATE gate_slots s SET available = d.available - d.n
+        FROM (SELECT a.ckey, a.shard, sh.available, count(*)::integer AS n
+              FROM gassign a JOIN shards sh ON sh.key = a.ckey AND sh.shard = a.shard
+              WHERE NOT a.fresh GROUP BY 1, 2, 3) d
+        WHERE s.key = d.ckey AND s.shard = d.shard
+        RETURNING 1
+    ), rdebit AS (
+        SELECT rkey, ri, rfresh, count(*)::integer AS n FROM chosen WHERE ri IS NOT NULL GROUP BY 1, 2, 3
+    ), rminted AS (
+        INSERT INTO rate_state (key, tat)
+        SELECT rkey, now() + make_interval(secs => n * $10[ri]) FROM rdebit WHERE rfresh
+        ORDER BY 1
+        RETURNING 1
+    ), rdebited AS (
+        UPDATE rate_state rs SET tat = greatest(l.tat, now()) + make_interval(secs => d.n * $10[d.ri])
+        FROM rdebit d JOIN rlocked l ON l.key = d.rkey
+        WHERE NOT d.rfresh AND rs.key = d.rkey
+        RETURNING 1
+    ), parking AS (
+        -- Rows of the window that cannot run now and will not until their key
+        -- frees a slot (its K = 1 key executes, or this pick takes it; its
+        -- gate has no slot left after this pick) or their rate limit allows
+        -- the next start: parked, out of the pick's index, until an outcome,
+        -- the sweeper or the rate limit unparks them (see unpark_keys).
+        SELECT r.id,
+               CASE WHEN r.ckey IS NOT NULL
+                         AND CASE WHEN r.gi IS NULL
+                                  THEN r.k1busy OR EXISTS (SELECT 1 FROM chosen c WHERE c.ckey = r.ckey)
+                                  ELSE r.gfree - (SELECT count(*) FROM chosen c WHERE c.ckey = r.ckey) <= 0
+                             END
+                    THEN 'key'
+                    WHEN c.rrank > a.allowed AND a.known THEN 'rate'
+               END AS why
+        FROM ranked r
+        LEFT JOIN cand c ON c.id = r.id
+        LEFT JOIN rallow a ON a.rkey = c.rkey
+        WHERE NOT EXISTS (SELECT 1 FROM chosen x WHERE x.id = r.id)
+    ), benched AS (
+        UPDATE instances i SET parked = p.why
+        FROM parking p
+        WHERE i.id = p.id AND p.why IS NOT NULL
+        RETURNING 1
+    ), claimed AS (
+        UPDATE instances i
+        SET status = 'executing', node = $5, attempt = c.attempt + 1, attempted_at = now(),
+            gate_shard = c.shard, token = i.token + 1
+        FROM (SELECT array_agg(c.id) AS id, array_agg(c.attempt) AS attempt, array_agg(a.shard) AS shard
+              FROM chosen c LEFT JOIN gassign a ON a.id = c.id) agg
+        CROSS JOIN LATERAL unnest(agg.id, agg.attempt, agg.shard) AS c(id, attempt, shard)
+        WHERE i.id = c.id
+        RETURNING i.id, i.workflow, i.step, i.state, i.queue, i.priority, i.attempt, i.max_attempts,
+                  i.concurrency_key, i.gate_shard, i.rate_key, i.wake, i.token, i.scheduled_at
+    )
+    -- In pick order: the node starts the rows in the order they come back.
+    SELECT id, workflow, step, state, queue, priority, attempt, max_attempts, concurrency_key,
+           gate_shard, rate_key, wake, token
+    FROM claimed
+    ORDER BY priority, scheduled_at, id;
+END
+$$;
+
+-- handoff() as in 20261201000007, and: a handover or a reservation takes a
+-- key's next rows parked or not (and unparks them), and a key the outcomes
+-- leave with room gets its next parked rows unparked into it.
+--
+-- An outcome (see OutcomeRow) applies only while its row is executing on
+-- this node under its token and still holds the key and shard the outcome
+-- names; `next`/`ntoken` name the reserved successor the node started in the
+-- slot it frees and that reservation's token. A successor is promoted only
+-- if its predecessor's outcome applied in this call. The header row lists in
+-- `promoted` every successor named in the call that runs under this node now
+-- (promoted here, or by an earlier call whose answer was lost): a successor
+-- not listed was not admitted, and its node must not let it finish.
+-- `unreserve`/`unreserve_tokens`: reservations the node gives back.
+CREATE OR REPLACE FUNCTION handoff(outcomes jsonb, node_id text, channel text, notify boolean,
+                        queues text[], demands integer[], skip_pick boolean[], reserve boolean[],
+                        unreserve bigint[], unreserve_tokens bigint[], win_factor float8, workflows text[],
+                        gate_names text[], gate_limits integer[], gate_shards integer[],
+                        rate_names text[], rate_intervals float8[], rate_tolerances float8[])
+RETURNS TABLE (claimed claim, reserved boolean, written integer, released integer,
+               handed_over integer, released_keys text[], promoted bigint[])
+LANGUAGE plpgsql VOLATILE
+SET search_path FROM CURRENT
+SET plan_cache_mode = force_generic_plan
+SET jit = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    n_written integer := 0;
+    n_unreserved integer := 0;
+    n_unparked integer := 0;
+    -- The freed keys still free at the end.
+    r_key text[] := '{}';
+    -- What the applied outcomes freed: the key each claim held, its gate shard
+    -- (NULL for K = 1), queue, and the successor started in its place.
+    f_key text[];
+    f_shard integer[];
+    f_queue text[];
+    f_next bigint[];
+    f_ntoken bigint[];
+    -- Successors promoted into freed slots, and every named successor that
+    -- runs here now.
+    t_key text[];
+    t_shard integer[];
+    p_id bigint[] := '{}';
+    -- Every successor the outcomes name, with its reservation's token.
+    n_next bigint[];
+    n_ntoken bigint[];
+    -- Keyed rows that want a successor reserved.
+    w_key text[];
+    w_queue text[];
+    -- Rows the freed keys and slots were handed over to.
+    h_id bigint[];
+    h_queue text[];
+    d integer;
+    q integer;
+BEGIN
+    IF jsonb_array_length(outcomes) > 0 THEN
+        WITH o AS (
+            SELECT * FROM jsonb_to_recordset(outcomes) AS o(
+                id bigint, token bigint, kind text, status text, step text, state jsonb,
+                set_key boolean, ckey text, rkey text, delay float8, until timestamptz,
+                signal text, error jsonb, hkey text, gshard integer, next bigint, ntoken bigint)
+        ), upd AS (
+            UPDATE instances i SET
+                status = CASE WHEN i.cancel_requested AND o.status NOT IN ('completed', 'cancelled', 'discarded')
+                              THEN 'cancelled' ELSE o.status END,
+                step = coalesce(o.step, i.step),
+                state = coalesce(o.state, i.state),
+                concurrency_key = CASE WHEN o.set_key THEN o.ckey ELSE i.concurrency_key END,
+                rate_key = CASE WHEN o.kind IN ('snooze', 'error', 'release') THEN i.rate_key ELSE o.rkey END,
+                attempt = CASE o.kind WHEN 'error' THEN i.attempt
+                                      WHEN 'snooze' THEN i.attempt - 1
+                                      WHEN 'release' THEN i.attempt - 1
+                                      ELSE 0 END,
+                -- The wake stays visible to a retry of the same step.
+                wake = CASE WHEN o.kind IN ('snooze', 'error', 'release') THEN i.wake END,
+                scheduled_at = CASE WHEN o.status = 'scheduled' THEN now() + make_interval(secs => o.delay)
+                                    ELSE now() END,
+                await_signal = o.signal,
+                await_until = CASE WHEN o.status = 'awaiting'
+                                   THEN least(o.until, now() + make_interval(secs => o.delay)) END,
+                errors = CASE WHEN o.error IS NULL THEN i.errors
+                              ELSE i.errors || jsonb_build_array(o.error || jsonb_build_object('at', now())) END,
+                finished_at = CASE WHEN o.status IN ('completed', 'cancelled', 'discarded')
+                                     OR (i.cancel_requested AND o.status NOT IN ('completed'))
+                                   THEN now() END,
+                node = NULL,
+                gate_shard = NULL
+            FROM o
+            WHERE i.id = o.id AND i.status = 'executing' AND i.node = node_id AND i.token = o.token
+              AND i.concurrency_key IS NOT DISTINCT FROM o.hkey
+              AND i.gate_shard IS NOT DISTINCT FROM o.gshard
+            RETURNING i.queue, o.hkey, o.gshard, o.next, o.ntoken
+        )
+        SELECT count(*)::integer,
+               array_agg(u.hkey) FILTER (WHERE u.hkey IS NOT NULL),
+               array_agg(u.gshard) FILTER (WHERE u.hkey IS NOT NULL),
+               array_agg(u.queue) FILTER (WHERE u.hkey IS NOT NULL),
+               array_agg(u.next) FILTER (WHERE u.hkey IS NOT NULL),
+               array_agg(u.ntoken) FILTER (WHERE u.hkey IS NOT NULL),
+               (SELECT array_agg(o.next) FROM o WHERE o.next IS NOT NULL),
+               (SELECT array_agg(o.ntoken) FROM o WHERE o.next IS NOT NULL)
+        INTO n_written, f_key, f_shard, f_queue, f_next, f_ntoken, n_next, n_ntoken
+        FROM upd u;
+    END IF;
+
+    -- Promote the successors started in freed slots: each takes its
+    -- predecessor's shard (same key, same queue, so no counter changes). The
+    -- predecessor left 'executing' in the statement above, so the K = 1 index
+    -- sees one executing row per key throughout.
+    IF f_next IS NOT NULL THEN
+        WITH p AS (
+            SELECT p.* FROM unnest(f_next, f_ntoken, f_shard, f_key, f_queue) AS p(id, ntoken, shard, key, queue)
+            WHERE p.id IS NOT NULL
+        ), moved AS (
+            UPDATE instances i
+            SET status = 'executing', attempt = i.attempt + 1, attempted_at = now(), gate_shard = p.shard,
+                token = i.token + 1
+            FROM p
+            WHERE i.id = p.id AND i.status = 'available' AND i.node = node_id AND i.token = p.ntoken
+              AND i.concurrency_key = p.key AND i.queue = p.queue
+            RETURNING i.concurrency_key, i.gate_shard
+        )
+        SELECT array_agg(concurrency_key), array_agg(gate_shard)
+        INTO t_key, t_shard
+        FROM moved;
+    END IF;
+
+    -- Every successor the outcomes name that runs here under the token its
+    -- promotion gives: promoted just now, or by a call whose answer was lost
+    -- (its predecessor's outcome is fenced on the retry).
+    IF n_next IS NOT NULL THEN
+        SELECT coalesce(array_agg(i.id), '{}') INTO p_id
+        FROM unnest(n_next, n_ntoken) AS n(id, ntoken)
+        JOIN instances i ON i.id = n.id
+        WHERE i.status = 'executing' AND i.node = node_id AND i.token = n.ntoken + 1;
+    END IF;
+
+    -- Hand the keys and slots no successor took over to the next rows of the
+    -- same keys in the same queues, as far as the caller's demand goes: the
+    -- node has room, and these rows can run now (their key was just held).
+    -- Reaching a key's rows through its own index entries costs the same
+    -- however deep the backlog. Rows under a configured rate limit are left
+    -- to the pick. A handed-over row takes the freed gate shard, so no
+    -- counter changes. A K = 1 key needs no claim_key here: the row that
+    -- held it leaves 'executing' in this same transaction, so no other
+    -- picker ever sees the key free. The pick gets the demand left.
+    IF f_key IS NOT NULL THEN
+        WITH slot AS (
+            SELECT f.key, f.shard, f.queue, count(*)::integer AS n
+            FROM unnest(f_key, f_shard, f_queue, f_next) AS f(key, shard, queue, next)
+            WHERE f.next IS NULL AND demands[array_position(queues, f.queue)] > 0
+            GROUP BY 1, 2, 3
+        ), cand AS MATERIALIZED (
+            SELECT s.key, s.shard, s.queue, c.id, c.priority, c.scheduled_at
+            FROM slot s CROSS JOIN LATERAL (
+                SELECT i.id, i.priority, i.scheduled_at FROM instances i
+                WHERE i.concurrency_key = s.key AND i.queue || '' = s.queue AND i.status = 'available'
+                  AND i.node IS NULL AND i.workflow = ANY (workflows)
+                  AND (i.rate_key IS NULL
+                       OR array_position(rate_names, split_part(i.rate_key, ':', 1)) IS NULL)
+                ORDER BY i.priority, i.scheduled_at, i.id
+                LIMIT s.n
+                FOR UPDATE SKIP LOCKED) c
+        ), chosen AS MATERIALIZED (
+            SELECT c.id, c.shard FROM (
+                SELECT c.*, row_number() OVER (PARTITION BY c.queue
+                                               ORDER BY c.priority, c.scheduled_at, c.id) AS qn
+                FROM cand c) c
+            WHERE c.qn <= demands[array_position(queues, c.queue)]
+        ), handed AS (
+            UPDATE instances i
+            SET status = 'executing', node = node_id, attempt = i.attempt + 1, attempted_at = now(),
+                gate_shard = c.shard, token = i.token + 1, parked = NULL
+            FROM chosen c
+            WHERE i.id = c.id
+            RETURNING i.id, i.queue, i.concurrency_key, i.gate_shard
+        )
+        SELECT array_agg(id), array_agg(queue), coalesce(t_key, '{}') || array_agg(concurrency_key),
+               coalesce(t_shard, '{}') || array_agg(gate_shard)
+        INTO h_id, h_queue, t_key, t_shard
+        FROM handed;
+    END IF;
+
+    IF cardinality(unreserve) > 0 THEN
+        n_unreserved := release_reserved(node_id, unreserve, unreserve_tokens);
+    END IF;
+
+    -- Credit the gate slots nobody took over, each to the shard it came
+    -- from, locking the counters in key order. Values come from the locked
+    -- version (see the pick); least(): never above capacity.
+    IF f_key IS NOT NULL THEN
+        WITH freed AS (
+            SELECT key, shard, count(*)::integer AS n FROM unnest(f_key, f_shard) AS f(key, shard)
+            WHERE shard IS NOT NULL GROUP BY 1, 2
+        ), taken AS (
+            SELECT key, shard, count(*)::integer AS n FROM unnest(t_key, t_shard) AS t(key, shard)
+            WHERE shard IS NOT NULL GROUP BY 1, 2
+        ), credit AS (
+            SELECT f.key, f.shard, f.n - coalesce(t.n, 0) AS n
+            FROM freed f LEFT JOIN taken t ON t.key = f.key AND t.shard = f.shard
+            WHERE f.n > coalesce(t.n, 0)
+        ), locked AS (
+            SELECT g.key, g.shard, g.available, g.capacity, c.n FROM gate_slots g
+            JOIN credit c ON c.key = g.key AND c.shard = g.shard
+            ORDER BY g.key, g.shard
+            FOR UPDATE OF g
+        )
+        UPDATE gate_slots g SET available = least(l.available + l.n, l.capacity)
+        FROM locked l
+        WHERE g.key = l.key AND g.shard = l.shard;
+    END IF;
+
+    IF h_id IS NOT NULL THEN
+        RETURN QUERY
+        SELECT (i.id, i.workflow, i.step, i.state, i.queue, i.priority, i.attempt, i.max_attempts,
+                i.concurrency_key, i.gate_shard, i.rate_key, i.wake, i.token)::claim, false, NULL::integer,
+               NULL::integer, NULL::integer, NULL::text[], NULL::bigint[]
+        FROM instances i WHERE i.id = ANY (h_id);
+    END IF;
+
+    -- Claim for the demand, queue by queue.
+    FOR q IN 1 .. coalesce(cardinality(queues), 0) LOOP
+        -- What the handover left of the demand.
+        d := demands[q] - coalesce(cardinality(array_positions(h_queue, queues[q])), 0);
+        IF d > 0 AND NOT skip_pick[q] THEN
+            RETURN QUERY
+            SELECT p, false, NULL::integer, NULL::integer, NULL::integer, NULL::text[], NULL::bigint[]
+            FROM pick(queues[q], d, ceil(d * win_factor)::integer + 8,
+                      workflows, node_id, gate_names, gate_limits, gate_shards,
+                      rate_names, rate_intervals, rate_tolerances) p;
+        END IF;
+    END LOOP;
+
+    -- The keyed rows claimed or promoted just now (this transaction's
+    -- timestamp) in queues that reserve.
+    IF true = ANY (reserve) THEN
+        SELECT coalesce(array_agg(i.concurrency_key), '{}'), coalesce(array_agg(i.queue), '{}')
+        INTO w_key, w_queue
+        FROM instances i
+        WHERE i.status = 'executing' AND i.node = node_id AND i.attempted_at = now()
+          AND i.concurrency_key IS NOT NULL AND reserve[array_position(queues, i.queue)]
+          AND (i.rate_key IS NULL
+               OR array_position(rate_names, split_part(i.rate_key, ':', 1)) IS NULL);
+    END IF;
+
+    -- Reserve a successor per keyed row that wants one: the next runnable rows
+    -- of its key and queue nobody holds. Only for keys that are full (K = 1,
+    -- or a gate with no slot left): a row a free slot could admit now is left
+    -- to the pick. Rows under a configured rate limit are left to the pick,
+    -- which checks the limit.
+    IF cardinality(w_key) > 0 THEN
+        RETURN QUERY
+        WITH w AS (
+            SELECT k.key, k.queue, count(*)::integer AS n
+            FROM unnest(w_key, w_queue) AS k(key, queue)
+            WHERE NOT EXISTS (SELECT 1 FROM gate_slots s WHERE s.key = k.key AND s.available > 0)
+            GROUP BY 1, 2
+        ), nxt AS (
+            SELECT n.id FROM w CROSS JOIN LATERAL (
+                SELECT i.id FROM instances i
+                WHERE i.concurrency_key = w.key AND i.queue || '' = w.queue AND i.status = 'available'
+                  AND i.node IS NULL AND i.workflow = ANY (workflows)
+                  AND (i.rate_key IS NULL
+                       OR array_position(rate_names, split_part(i.rate_key, ':', 1)) IS NULL)
+                ORDER BY i.priority, i.scheduled_at, i.id
+                LIMIT w.n
+                FOR UPDATE SKIP LOCKED) n
+        )
+        UPDATE instances i SET node = node_id, token = i.token + 1, parked = NULL
+        FROM nxt
+        WHERE i.id = nxt.id
+        RETURNING (i.id, i.workflow, i.step, i.state, i.queue, i.priority, i.attempt, i.max_attempts,
+                   i.concurrency_key, i.gate_shard, i.rate_key, i.wake, i.token)::claim, true, NULL::integer,
+                  NULL::integer, NULL::integer, NULL::text[], NULL::bigint[];
+    END IF;
+
+    -- The keys the outcomes freed that are still free now that this call has
+    -- handed over and claimed: rows waiting for them may sit in any queue, on
+    -- any node, so wake the other nodes ('*' and the sender), and tell the
+    -- caller (which gives back its reservations of those keys). Only when
+    -- other nodes are alive (a lone node claims for itself; one that starts
+    -- meanwhile polls until our next heartbeat sees it).
+    IF f_key IS NOT NULL THEN
+        SELECT coalesce(array_agg(f.key), '{}') INTO r_key
+        FROM (SELECT DISTINCT f.key, f.shard IS NULL AS k1 FROM unnest(f_key, f_shard) AS f(key, shard)) f
+        WHERE CASE WHEN f.k1
+                   THEN NOT EXISTS (SELECT 1 FROM instances e
+                                    WHERE e.status = 'executing' AND e.gate_shard IS NULL
+                                      AND e.concurrency_key = f.key)
+                   ELSE EXISTS (SELECT 1 FROM gate_slots s WHERE s.key = f.key AND s.available > 0)
+              END;
+        -- Their parked rows come into the room they have now.
+        n_unparked := unpark_keys(r_key, gate_names, gate_limits, NULL);
+    END IF;
+    IF notify AND cardinality(r_key) + n_unreserved > 0 THEN
+        PERFORM pg_notify(channel, '*' || node_id);
+    END IF;
+    RETURN QUERY SELECT NULL::claim, NULL::boolean, n_written, cardinality(r_key) + n_unreserved,
+                        coalesce(cardinality(h_id), 0), r_key, p_id;
+END
+$$;
