@@ -1,0 +1,235 @@
+//! Parking: rows that cannot be admitted now wait out of the pick's index
+//! and come back, in their key's order, when their key has room or their
+//! rate limit allows a start. A parked row is never lost.
+mod support;
+
+use gendurable::{Engine, GateConfig, NewInstance, RateConfig, Status, Transition};
+use serde_json::json;
+use sqlx::PgPool;
+use std::time::Duration;
+
+/// How many rows of `key` are parked, and how many wait unparked.
+async fn parked(pool: &PgPool, schema: &str, key: &str) -> (i64, i64) {
+    sqlx::query_as(&format!(
+        "SELECT count(*) FILTER (WHERE parked IS NOT NULL), count(*) FILTER (WHERE parked IS NULL)
+         FROM \"{schema}\".instances WHERE status = 'available' AND concurrency_key = $1"
+    ))
+    .bind(key)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+async fn client(schema: &str) -> Engine {
+    support::builder(&support::url(), schema)
+        .concurrency_limit("api", GateConfig::new(3))
+        .build()
+        .await
+        .unwrap()
+}
+
+fn job(key: &str) -> NewInstance {
+    NewInstance::new("Job", json!({})).concurrency_key(key)
+}
+
+/// An insert parks what its key has no room for, by statement and by COPY:
+/// a K = 1 key keeps one row where a pick sees it, a gate of 3 keeps 3.
+#[tokio::test]
+async fn an_insert_parks_what_its_key_has_no_room_for() {
+    let schema = support::schema("park_insert");
+    let c = client(&schema).await;
+    let pool = c.pool();
+    c.insert_many((0..5).map(|_| job("acct:1")).collect())
+        .await
+        .unwrap();
+    c.insert_many((0..5).map(|_| job("api:1")).collect())
+        .await
+        .unwrap();
+    assert_eq!(parked(pool, &schema, "acct:1").await, (4, 1));
+    assert_eq!(parked(pool, &schema, "api:1").await, (2, 3));
+    // One more later: the key already has its rows waiting.
+    c.insert(job("acct:1")).await.unwrap();
+    assert_eq!(parked(pool, &schema, "acct:1").await, (5, 1));
+    // A batch large enough for COPY, keys mixed with keyless rows.
+    let big: Vec<NewInstance> = (0..3000)
+        .map(|i| match i % 3 {
+            0 => job("acct:2"),
+            1 => job("api:2"),
+            _ => NewInstance::new("Job", json!({})),
+        })
+        .collect();
+    c.insert_many(big).await.unwrap();
+    assert_eq!(parked(pool, &schema, "acct:2").await, (999, 1));
+    assert_eq!(parked(pool, &schema, "api:2").await, (997, 3));
+    // Scheduled rows are not parked: they are not waiting for their key yet.
+    c.insert(job("acct:3").schedule_in(Duration::from_secs(3600)))
+        .await
+        .unwrap();
+    let scheduled_parked: i64 = sqlx::query_scalar(&format!(
+        "SELECT count(*) FROM \"{schema}\".instances WHERE concurrency_key = 'acct:3' AND parked IS NOT NULL"
+    ))
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    assert_eq!(scheduled_parked, 0);
+}
+
+/// Parked rows run, in their key's order, at their key's limit: a node works
+/// through a K = 1 key and a gate whose backlogs were parked on insert.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parked_rows_run_in_key_order() {
+    let schema = support::schema("park_order");
+    let c = client(&schema).await;
+    let row = |i: i64, priority: i16| {
+        NewInstance::new("Job", json!({ "i": i }))
+            .concurrency_key("acct:1")
+            .priority(priority)
+    };
+    let mut ids = c
+        .insert_many((0..40).map(|i| row(i, 1)).collect())
+        .await
+        .unwrap();
+    // A later row of higher priority goes ahead of the parked ones.
+    ids.push(c.insert(row(-1, 0)).await.unwrap());
+    let order = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = order.clone();
+    let node = support::builder(&support::url(), &schema)
+        .queue("default", 4)
+        .workflow_fn("Job", move |_step, state, _ctx| {
+            let seen = seen.clone();
+            async move {
+                seen.lock().unwrap().push(state["i"].as_i64().unwrap());
+                Ok(Transition::done(state))
+            }
+        })
+        .start()
+        .await
+        .unwrap();
+    support::wait_count(node.pool(), &schema, "completed", ids.len() as i64).await;
+    let order = order.lock().unwrap().clone();
+    // The first row was waiting unparked already; the rest in key order.
+    let mut expected: Vec<i64> = vec![0, -1];
+    expected.extend(1..40);
+    assert_eq!(order, expected);
+    node.shutdown().await.unwrap();
+}
+
+/// The pick parks rows it finds blocked (rows made runnable by a retry, a
+/// wake-up or a released claim, which no insert parked), and they run once
+/// their key has room.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pick_parks_what_it_finds_blocked() {
+    let schema = support::schema("park_pick");
+    let c = client(&schema).await;
+    let pool = c.pool();
+    let ids = c
+        .insert_many((0..6).map(|_| job("acct:busy")).collect())
+        .await
+        .unwrap();
+    // The first row executes on a node that stays alive; the others wait
+    // unparked, as rows woken together would.
+    sqlx::raw_sql(&format!(
+        "INSERT INTO \"{schema}\".nodes (id, hostname, pid, queues, heartbeat_at)
+         VALUES ('elsewhere', 'h', 1, '{{}}', now() + interval '1 hour');
+         UPDATE \"{schema}\".instances SET status = 'executing', node = 'elsewhere', attempt = 1,
+             token = 1, attempted_at = now() WHERE id = {first};
+         UPDATE \"{schema}\".instances SET parked = NULL WHERE id <> {first};",
+        first = ids[0]
+    ))
+    .execute(pool)
+    .await
+    .unwrap();
+    let node = support::builder(&support::url(), &schema)
+        .queue("default", 4)
+        .workflow_fn("Job", |_step, state, _ctx| async move {
+            Ok(Transition::done(state))
+        })
+        .start()
+        .await
+        .unwrap();
+    support::eventually("the pick parks them", Duration::from_secs(30), || async {
+        parked(pool, &schema, "acct:busy").await == (5, 0)
+    })
+    .await;
+    // The holder ends elsewhere; the sweep gives its key's rows room again.
+    sqlx::query(&format!(
+        "UPDATE \"{schema}\".instances SET status = 'completed', node = NULL, finished_at = now()
+         WHERE id = $1"
+    ))
+    .bind(ids[0])
+    .execute(pool)
+    .await
+    .unwrap();
+    support::wait_count(pool, &schema, "completed", ids.len() as i64).await;
+    node.shutdown().await.unwrap();
+}
+
+/// A row parked while its key had room (a pick and an outcome racing, a
+/// repaired gate, a raised limit) is put back by the maintenance sweep.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sweep_unparks_what_a_race_left_behind() {
+    let schema = support::schema("park_sweep");
+    let c = client(&schema).await;
+    let ids = c
+        .insert_many((0..10).map(|_| job("api:1")).collect())
+        .await
+        .unwrap();
+    // As a race leaves them: every row parked, nothing running.
+    sqlx::query(&format!("UPDATE \"{schema}\".instances SET parked = 'key'"))
+        .execute(c.pool())
+        .await
+        .unwrap();
+    let node = support::builder(&support::url(), &schema)
+        .queue("default", 4)
+        .concurrency_limit("api", GateConfig::new(3))
+        .workflow_fn("Job", |_step, state, _ctx| async move {
+            Ok(Transition::done(state))
+        })
+        .start()
+        .await
+        .unwrap();
+    support::wait_count(node.pool(), &schema, "completed", ids.len() as i64).await;
+    assert!(node.stats().snapshot().unparked > 0);
+    node.shutdown().await.unwrap();
+}
+
+/// Cancelling a parked row ends it at once.
+#[tokio::test]
+async fn a_parked_row_can_be_cancelled() {
+    let schema = support::schema("park_cancel");
+    let c = client(&schema).await;
+    let ids = c
+        .insert_many((0..3).map(|_| job("acct:1")).collect())
+        .await
+        .unwrap();
+    c.cancel(ids[2]).await.unwrap();
+    assert_eq!(c.get(ids[2]).await.unwrap().status, Status::Cancelled);
+    assert_eq!(parked(c.pool(), &schema, "acct:1").await, (1, 1));
+}
+
+/// A backlog under a rate limit is parked by the pick and comes back as the
+/// limit allows, at its rate, without polling.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rate_parked_rows_come_back_at_their_rate() {
+    let schema = support::schema("park_rate");
+    let node = support::builder(&support::url(), &schema)
+        .poll_interval(Duration::from_secs(3600))
+        .queue("default", 4)
+        .rate_limit("rl", RateConfig::new(50, Duration::from_secs(1)))
+        .workflow_fn("Job", |_step, state, _ctx| async move {
+            Ok(Transition::done(state))
+        })
+        .start()
+        .await
+        .unwrap();
+    let ids = node
+        .insert_many(
+            (0..60)
+                .map(|_| NewInstance::new("Job", json!({})).rate_limit("rl:1"))
+                .collect(),
+        )
+        .await
+        .unwrap();
+    support::wait_count(node.pool(), &schema, "completed", ids.len() as i64).await;
+    node.shutdown().await.unwrap();
+}
