@@ -132,10 +132,6 @@ async fn run_in(opts: &Options, total: usize, dir: &std::path::Path) -> anyhow::
     let rec = Arc::new(
         Recorder::open(&dir.join("controller.log")).context("opening the controller's log")?,
     );
-    rec.write(&Record::Begin {
-        t: now(),
-        seed: opts.seed,
-    });
     // Every seeded decision is drawn here, before anything runs.
     let mut rng = StdRng::seed_from_u64(opts.seed);
     let waves = load::waves(&mut rng, total, opts.duration);
@@ -177,6 +173,11 @@ async fn run_in(opts: &Options, total: usize, dir: &std::path::Path) -> anyhow::
     }
     let load = Arc::new(Load::new(client.clone(), pg.clone()));
     let counts = Arc::new(Counts::default());
+    // Times in the report, the progress lines and faults.txt count from here.
+    rec.write(&Record::Begin {
+        t: now(),
+        seed: opts.seed,
+    });
     let shared = Shared {
         load: load.clone(),
         fleet: fleet.clone(),
@@ -253,7 +254,7 @@ async fn run_in(opts: &Options, total: usize, dir: &std::path::Path) -> anyhow::
     let mut next_progress = shared.started + PROGRESS;
     while Instant::now() < deadline {
         tokio::select! {
-            _ = tokio::time::sleep(TICK.min(deadline - Instant::now())) => {}
+            _ = tokio::time::sleep(TICK.min(deadline.saturating_duration_since(Instant::now()))) => {}
             Some(e) = fatal.recv() => bail!("the run broke down: {e}"),
         }
         if Instant::now() >= next_progress {

@@ -799,6 +799,10 @@ fn check_reruns(w: &World, r: &mut Report) {
                     Some("presumed death: killed or crashed")
                 } else if w.stopped_past_lease(a.proc, a.start, b.start).is_some() {
                     Some("presumed death: SIGSTOP past the lease")
+                } else if w.stopped_past_lease(b.proc, b.start, b.start).is_some() {
+                    // The later run's node was stopped past its lease as it
+                    // started it: the stale start no lease can prevent.
+                    Some("a node stopped past the lease as it started the step")
                 } else if w.long_outage(a.start, b.start).is_some() {
                     Some("presumed death: Postgres down past the lease")
                 } else if w
