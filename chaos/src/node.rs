@@ -65,6 +65,8 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<()> {
             }
         }
     });
+    // SIGTERM asks for a graceful shutdown, from now on.
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     // Postgres may be down right now: keep trying.
     let engine = loop {
         let env = env.clone();
@@ -80,7 +82,11 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<()> {
                 b = b.queue(q, n);
             }
         }
-        match b.start().await {
+        let started = tokio::select! {
+            r = b.start() => r,
+            _ = term.recv() => return Ok(()),
+        };
+        match started {
             Ok(e) => break e,
             Err(e) => {
                 eprintln!("node {}: start failed ({e}); retrying", args.node_id);
@@ -94,7 +100,6 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<()> {
         pid: env.pid,
         node: env.node.clone(),
     });
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     term.recv().await;
     engine.shutdown().await?;
     Ok(())
