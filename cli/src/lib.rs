@@ -54,8 +54,14 @@ enum Command {
         #[command(flatten)]
         db: Db,
     },
-    /// Instances per queue and status, live nodes, gates, executing keys, rate
-    /// limits, and the waiting rows no live node will run (read-only).
+    /// The cluster now: instances, live nodes, rows no live node will run, gates, keys (read-only).
+    ///
+    /// Instances per queue and status; live nodes; waiting rows per workflow
+    /// and queue, flagging those no live node will run (their queue unserved,
+    /// or their workflow run by no node, when nodes record their workflows);
+    /// gates with in-flight/limit/shards; executing K = 1 keys; rate-limit
+    /// state; with --key, the effective K of a key. Never creates or changes
+    /// anything: a schema that does not exist is an error.
     Status {
         #[command(flatten)]
         db: Db,
@@ -99,8 +105,10 @@ enum Command {
         #[arg(allow_negative_numbers = true)]
         id: i64,
     },
-    /// Run a node with the built-in `gendurable.Echo` workflow (for
-    /// cross-language checks) until SIGTERM or Ctrl-C.
+    /// Run a node with the built-in `gendurable.Echo` workflow, until SIGTERM or Ctrl-C.
+    ///
+    /// For cross-language checks: `start` → `finish` → done, adding
+    /// `"ran_by": "rust"` to the state.
     Echo {
         #[command(flatten)]
         db: Db,
@@ -110,9 +118,13 @@ enum Command {
         #[arg(long, default_value = gendurable::DEFAULT_QUEUE)]
         queue: String,
     },
-    /// Run the worker node of a Python engine until SIGTERM or Ctrl-C
-    /// (MODULE:ATTRIBUTE, an Engine or a function returning one; needs the
-    /// Python package: pip install gendurable).
+    /// Run a Python engine's worker (the command installed by pip install gendurable).
+    ///
+    /// `gendurable worker app.jobs:engine` imports MODULE:ATTRIBUTE (an Engine
+    /// or a function returning one) and runs its worker until SIGTERM or
+    /// Ctrl-C, then shuts down gracefully; a second signal stops the running
+    /// steps at once. It needs the Python package: this verb is run by the
+    /// `gendurable` that `pip install gendurable` installs.
     Worker {
         /// e.g. app.jobs:engine
         #[arg(value_name = "MODULE:ATTRIBUTE")]
