@@ -153,3 +153,21 @@ fn main() -> ExitCode {
     drop(runtime);
     ExitCode::from(code)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{parse_duration, show_duration};
+    use std::time::Duration;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("45s"), Ok(Duration::from_secs(45)));
+        assert_eq!(parse_duration("10m"), Ok(Duration::from_secs(600)));
+        assert_eq!(parse_duration("1.5"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert!(parse_duration("0s").is_err());
+        assert!(parse_duration("5 parsecs").is_err());
+        assert_eq!(show_duration(Duration::from_secs(600)), "10m");
+        assert_eq!(show_duration(Duration::from_secs(45)), "45s");
+    }
+}

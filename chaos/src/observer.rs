@@ -168,7 +168,7 @@ impl World {
         p.stops
             .iter()
             .copied()
-            .find(|&(a, b)| b - a > LEASE.as_nanos() as u64 && a <= to && b >= from)
+            .find(|&(a, b)| b.saturating_sub(a) > LEASE.as_nanos() as u64 && a <= to && b >= from)
     }
 
     /// A Postgres outage longer than the lease that overlaps [from, to].
@@ -176,7 +176,7 @@ impl World {
         self.outages
             .iter()
             .copied()
-            .find(|&(a, b)| b - a > LEASE.as_nanos() as u64 && a <= to && b >= from)
+            .find(|&(a, b)| b.saturating_sub(a) > LEASE.as_nanos() as u64 && a <= to && b >= from)
     }
 
     /// What the controller did to a process and to Postgres around
@@ -202,7 +202,7 @@ impl World {
                         proc,
                         self.secs(a),
                         self.secs(b),
-                        (b - a) as f64 / 1e9
+                        b.saturating_sub(a) as f64 / 1e9
                     );
                 }
             }
@@ -250,7 +250,7 @@ impl World {
                     "\n      Postgres down {}-{} s ({:.1} s)",
                     self.secs(a),
                     self.secs(b),
-                    (b - a) as f64 / 1e9
+                    b.saturating_sub(a) as f64 / 1e9
                 );
             }
         }
@@ -521,7 +521,8 @@ fn sweep(
     let mut events: Vec<(u64, u8, usize)> = Vec::with_capacity(execs.len() * 2);
     for (i, e) in execs.iter().enumerate() {
         events.push((e.start, 1, i));
-        events.push((e.end.max(e.start), 0, i));
+        // A process can record a start after the crash record that ends it.
+        events.push((e.end.max(e.start + 1), 0, i));
     }
     events.sort_unstable();
     let mut active: BTreeSet<usize> = BTreeSet::new();
@@ -539,8 +540,9 @@ fn sweep(
                 c.2 |= clean > limit;
             }
         } else {
-            active.remove(&i);
-            clean -= usize::from(counts);
+            if active.remove(&i) {
+                clean -= usize::from(counts);
+            }
             if active.len() <= limit {
                 if let Some((from, inv, fails)) = cur.take() {
                     incidents.push((from, t, inv.into_iter().collect(), fails));
@@ -895,5 +897,72 @@ fn check_crash_loops(w: &World, plans: &BTreeMap<i64, Plan>, r: &mut Report) {
             }
             r.violations.push(msg);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn exec(run: &str, proc: u32, start: u64, end: u64) -> Exec {
+        Exec {
+            run: run.into(),
+            proc,
+            pid: 1,
+            node: "n1".into(),
+            id: 1,
+            step: "s0".into(),
+            n: 0,
+            attempt: 1,
+            queue: "a".into(),
+            key: Some("acct:1".into()),
+            rate: None,
+            parent: None,
+            start,
+            end,
+            kind: "next".into(),
+        }
+    }
+
+    #[test]
+    fn an_overlap_is_one_incident() {
+        let (a, b, c) = (
+            exec("1.0", 1, 0, 10),
+            exec("2.0", 2, 5, 20),
+            exec("2.1", 2, 30, 40),
+        );
+        let incidents = sweep(&[&a, &b, &c], 1, |_| false);
+        assert_eq!(incidents.len(), 1);
+        let (from, to, involved, fails) = &incidents[0];
+        assert_eq!((*from, *to, involved.len(), *fails), (5, 10, 2, true));
+    }
+
+    #[test]
+    fn an_overlap_with_a_stopped_node_is_apart() {
+        let (a, b) = (exec("1.0", 1, 0, 10), exec("2.0", 2, 5, 20));
+        let incidents = sweep(&[&a, &b], 1, |e| e.proc == 1);
+        assert_eq!(incidents.len(), 1);
+        assert!(!incidents[0].3, "counted apart");
+    }
+
+    #[test]
+    fn touching_and_empty_intervals_do_not_overlap() {
+        let (a, b) = (exec("1.0", 1, 0, 10), exec("2.0", 2, 10, 20));
+        // Ended before it started: its process died right after a crash record.
+        let c = exec("3.0", 3, 25, 24);
+        assert!(sweep(&[&a, &b, &c], 1, |_| false).is_empty());
+        let incidents = sweep(&[&a, &b, &c], 0, |_| false);
+        assert_eq!(incidents.len(), 3);
+    }
+
+    #[test]
+    fn gates_allow_their_limit() {
+        let runs: Vec<Exec> = (0..4).map(|i| exec(&format!("1.{i}"), 1, i, 100)).collect();
+        let refs: Vec<&Exec> = runs.iter().collect();
+        let incidents = sweep(&refs[..3], 3, |_| false);
+        assert!(incidents.is_empty());
+        let incidents = sweep(&refs, 3, |_| false);
+        assert_eq!(incidents.len(), 1);
+        assert_eq!(incidents[0].2.len(), 4);
     }
 }

@@ -340,3 +340,16 @@ async fn responses(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::app_name;
+
+    #[test]
+    fn application_name_from_a_startup_message() {
+        let params = b"user\0postgres\0application_name\0n2r1\0database\0postgres\0\0";
+        assert_eq!(app_name(params).as_deref(), Some("n2r1"));
+        assert_eq!(app_name(b"user\0postgres\0\0"), None);
+        assert_eq!(app_name(b"user\0"), None);
+    }
+}
