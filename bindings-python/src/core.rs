@@ -1,16 +1,25 @@
 //! `Core`: one configured engine, its client calls and its worker node.
 
 use crate::block_on;
-use crate::errors::{invalid_config, invalid_input, IntoPyResult};
+use crate::errors::{connect_error, invalid_config, invalid_input, IntoPyResult};
 use crate::values::{config_seconds, epoch, seconds, timestamp, to_json, to_py};
-use crate::workflow::{Hooks, PyStep, PyWorkflow};
+use crate::workflow::{Force, Hooks, PyStep, PyWorkflow};
 use gendurable::{Cancelled, Engine, EngineBuilder, GateConfig, Instance, NewInstance, RateConfig};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::OnceCell;
+
+/// How long a call waits for a connection unless `connect_timeout` says
+/// otherwise (the core's default). A refused connection fails at once.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// After a second interrupt, how long the shutdown may still take to write
+/// the outcomes of the steps it stopped.
+const FORCED_GRACE: Duration = Duration::from_secs(5);
 
 /// Everything needed to build the core engine again (the worker engine is
 /// built when the node starts, with the workflows registered by then).
@@ -30,6 +39,7 @@ struct Settings {
     retention: Option<Option<Duration>>,
     backoff: Option<(Duration, Duration)>,
     max_connections: Option<u32>,
+    connect_timeout: Duration,
 }
 
 impl Settings {
@@ -71,7 +81,7 @@ impl Settings {
         if let Some(n) = self.max_connections {
             b = b.max_connections(n);
         }
-        b.migrate(false)
+        b.connect_timeout(self.connect_timeout).migrate(false)
     }
 }
 
@@ -82,21 +92,79 @@ pub(crate) struct Core {
     client: Engine,
     migrated: Arc<OnceCell<()>>,
     worker: Mutex<Option<Engine>>,
+    /// Stops the running steps of the worker at once (a second interrupt).
+    force: Mutex<Option<Arc<Force>>>,
 }
 
 impl Core {
     /// Inserts go through the worker engine while it runs: an idle worker
     /// then starts what this process inserts at once (see the core's
     /// `Engine::insert_many`). Both share one pool.
-    fn inserter(&self) -> Engine {
+    fn inserter(&self) -> Client {
         let worker = self.worker.lock().unwrap().clone();
-        worker.unwrap_or_else(|| self.client.clone())
+        Client {
+            engine: worker.unwrap_or_else(|| self.client.clone()),
+            ..self.caller()
+        }
+    }
+
+    /// The client engine, for calls.
+    fn caller(&self) -> Client {
+        Client {
+            engine: self.client.clone(),
+            migrated: self.migrated.clone(),
+            timeout: self.settings.connect_timeout,
+        }
     }
 }
 
 /// Migrate once per `Core`.
 async fn ensure_migrated(engine: &Engine, cell: &OnceCell<()>) -> gendurable::Result<()> {
     cell.get_or_try_init(|| engine.migrate()).await.map(|_| ())
+}
+
+/// What a client call needs: the engine, its migration cell, the connect
+/// timeout.
+#[derive(Clone)]
+struct Client {
+    engine: Engine,
+    migrated: Arc<OnceCell<()>>,
+    timeout: Duration,
+}
+
+impl Client {
+    /// Run `call` once the schema is migrated, with errors as Python
+    /// exceptions. The pool retries a refused connection until its timeout
+    /// and then says only "pool timed out": so with no connection open, one
+    /// direct connection first tells at once whether and why the database
+    /// cannot be reached, and a pool timeout is explained the same way.
+    async fn run<T, F, Fut>(self, call: F) -> PyResult<T>
+    where
+        F: FnOnce(Engine) -> Fut,
+        Fut: Future<Output = gendurable::Result<T>>,
+    {
+        let opts = self.engine.pool().connect_options();
+        if self.engine.pool().size() == 0 {
+            gendurable_cli::connect::check_with(&opts, self.timeout)
+                .await
+                .map_err(connect_error)?;
+        }
+        let result = async {
+            ensure_migrated(&self.engine, &self.migrated).await?;
+            call(self.engine.clone()).await
+        }
+        .await;
+        match result {
+            Ok(v) => Ok(v),
+            Err(e) if gendurable_cli::connect::is_pool_timeout(&e) => {
+                match gendurable_cli::connect::check_with(&opts, self.timeout).await {
+                    Err(c) => Err(connect_error(c)),
+                    Ok(()) => Err(crate::errors::to_py(e)),
+                }
+            }
+            Err(e) => Err(crate::errors::to_py(e)),
+        }
+    }
 }
 
 /// A workflow as the Python layer registers it: `(name, {step: step fn},
@@ -222,7 +290,7 @@ impl Core {
     #[new]
     #[pyo3(signature = (url, schema, node_id, queues, gates, rates, heartbeat_interval,
         lease, poll_interval, gc_interval, shutdown_timeout, retention_set, retention,
-        backoff, max_connections))]
+        backoff, max_connections, connect_timeout=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -241,6 +309,7 @@ impl Core {
         retention: Option<f64>,
         backoff: Option<(f64, f64)>,
         max_connections: Option<u32>,
+        connect_timeout: Option<f64>,
     ) -> PyResult<Core> {
         let opt = |what: &str, v: Option<f64>| v.map(|s| config_seconds(what, s)).transpose();
         let mut rates_d = Vec::with_capacity(rates.len());
@@ -248,7 +317,7 @@ impl Core {
             let period = config_seconds(&format!("rate_limits[{name:?}] period"), period)?;
             rates_d.push((name, limit, period, burst));
         }
-        let settings = Settings {
+        let mut settings = Settings {
             url,
             schema,
             node_id,
@@ -273,6 +342,7 @@ impl Core {
                 None => None,
             },
             max_connections,
+            connect_timeout: opt("connect_timeout", connect_timeout)?.unwrap_or(CONNECT_TIMEOUT),
         };
         if settings.queues.is_empty() {
             return Err(invalid_config("queues: give at least one queue"));
@@ -281,11 +351,15 @@ impl Core {
         // database until the first call.
         let builder = settings.builder();
         let client = block_on(py, move || builder.build()).py_err()?;
+        // One node id for the client and the worker built later (else each
+        // would draw its own default).
+        settings.node_id = Some(client.node_id().to_owned());
         Ok(Core {
             settings,
             client,
             migrated: Arc::new(OnceCell::new()),
             worker: Mutex::new(None),
+            force: Mutex::new(None),
         })
     }
 
@@ -302,19 +376,13 @@ impl Core {
 
     /// Create or upgrade the schema (also done by the first call that needs it).
     fn migrate(&self, py: Python<'_>) -> PyResult<()> {
-        let (engine, cell) = (self.client.clone(), self.migrated.clone());
-        block_on(
-            py,
-            move || async move { ensure_migrated(&engine, &cell).await },
-        )
-        .py_err()
+        let c = self.caller();
+        block_on(py, move || c.run(|_| async { Ok(()) }))
     }
 
     fn migrate_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let (engine, cell) = (self.client.clone(), self.migrated.clone());
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
-            ensure_migrated(&engine, &cell).await.py_err()
-        })
+        let c = self.caller();
+        pyo3_async_runtimes::tokio::future_into_py(py, c.run(|_| async { Ok(()) }))
     }
 
     fn insert_many(&self, py: Python<'_>, news: Vec<NewTuple<'_>>) -> PyResult<Vec<i64>> {
@@ -322,12 +390,10 @@ impl Core {
             .into_iter()
             .map(new_instance)
             .collect::<PyResult<Vec<_>>>()?;
-        let (engine, cell) = (self.inserter(), self.migrated.clone());
-        block_on(py, move || async move {
-            ensure_migrated(&engine, &cell).await?;
-            engine.insert_many(news).await
+        let c = self.inserter();
+        block_on(py, move || {
+            c.run(move |e| async move { e.insert_many(news).await })
         })
-        .py_err()
     }
 
     fn insert_many_async<'py>(
@@ -339,28 +405,25 @@ impl Core {
             .into_iter()
             .map(new_instance)
             .collect::<PyResult<Vec<_>>>()?;
-        let (engine, cell) = (self.inserter(), self.migrated.clone());
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
-            ensure_migrated(&engine, &cell).await.py_err()?;
-            engine.insert_many(news).await.py_err()
-        })
+        let c = self.inserter();
+        pyo3_async_runtimes::tokio::future_into_py(
+            py,
+            c.run(move |e| async move { e.insert_many(news).await }),
+        )
     }
 
     fn get<'py>(&self, py: Python<'py>, id: i64) -> PyResult<Bound<'py, PyDict>> {
-        let (engine, cell) = (self.client.clone(), self.migrated.clone());
-        let i = block_on(py, move || async move {
-            ensure_migrated(&engine, &cell).await?;
-            engine.get(id).await
-        })
-        .py_err()?;
+        let c = self.caller();
+        let i = block_on(py, move || c.run(move |e| async move { e.get(id).await }))?;
         instance_to_py(py, &i)
     }
 
     fn get_async<'py>(&self, py: Python<'py>, id: i64) -> PyResult<Bound<'py, PyAny>> {
-        let (engine, cell) = (self.client.clone(), self.migrated.clone());
+        let c = self.caller();
         pyo3_async_runtimes::tokio::future_into_py(py, async move {
-            ensure_migrated(&engine, &cell).await.py_err()?;
-            engine.get(id).await.py_err().map(InstanceOut)
+            c.run(move |e| async move { e.get(id).await })
+                .await
+                .map(InstanceOut)
         })
     }
 
@@ -374,18 +437,10 @@ impl Core {
         id: Option<i64>,
     ) -> PyResult<u64> {
         let payload = to_json("payload", payload)?;
-        let (engine, cell) = (self.client.clone(), self.migrated.clone());
-        block_on(py, move || async move {
-            ensure_migrated(&engine, &cell).await?;
-            match id {
-                Some(id) => engine
-                    .signal_instance(id, &name, payload)
-                    .await
-                    .map(u64::from),
-                None => engine.signal(&name, payload).await,
-            }
+        let c = self.caller();
+        block_on(py, move || {
+            c.run(move |e| async move { signal(&e, &name, payload, id).await })
         })
-        .py_err()
     }
 
     #[pyo3(signature = (name, payload, id=None))]
@@ -397,18 +452,11 @@ impl Core {
         id: Option<i64>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let payload = to_json("payload", payload)?;
-        let (engine, cell) = (self.client.clone(), self.migrated.clone());
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
-            ensure_migrated(&engine, &cell).await.py_err()?;
-            match id {
-                Some(id) => engine
-                    .signal_instance(id, &name, payload)
-                    .await
-                    .map(u64::from),
-                None => engine.signal(&name, payload).await,
-            }
-            .py_err()
-        })
+        let c = self.caller();
+        pyo3_async_runtimes::tokio::future_into_py(
+            py,
+            c.run(move |e| async move { signal(&e, &name, payload, id).await }),
+        )
     }
 
     #[pyo3(signature = (id, reason=None))]
@@ -418,16 +466,10 @@ impl Core {
         id: i64,
         reason: Option<String>,
     ) -> PyResult<(&'static str, Option<&'static str>)> {
-        let (engine, cell) = (self.client.clone(), self.migrated.clone());
-        block_on(py, move || async move {
-            ensure_migrated(&engine, &cell).await?;
-            match reason {
-                Some(r) => engine.cancel_with_reason(id, &r).await,
-                None => engine.cancel(id).await,
-            }
+        let c = self.caller();
+        block_on(py, move || {
+            c.run(move |e| async move { cancel(&e, id, reason).await })
         })
-        .py_err()
-        .map(cancelled_str)
     }
 
     #[pyo3(signature = (id, reason=None))]
@@ -437,16 +479,11 @@ impl Core {
         id: i64,
         reason: Option<String>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let (engine, cell) = (self.client.clone(), self.migrated.clone());
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
-            ensure_migrated(&engine, &cell).await.py_err()?;
-            match reason {
-                Some(r) => engine.cancel_with_reason(id, &r).await,
-                None => engine.cancel(id).await,
-            }
-            .py_err()
-            .map(cancelled_str)
-        })
+        let c = self.caller();
+        pyo3_async_runtimes::tokio::future_into_py(
+            py,
+            c.run(move |e| async move { cancel(&e, id, reason).await }),
+        )
     }
 
     /// Start the worker node with `workflows`: a list of
@@ -469,10 +506,12 @@ impl Core {
                 "the worker is already running".into(),
             )));
         }
+        let force = Arc::new(Force::default());
         let hooks = Arc::new(Hooks {
             invoke,
             invoke_async,
             event_loop,
+            force: force.clone(),
         });
         // The worker shares the client's pool (built from the same settings).
         let mut b = self.settings.builder().pool(self.client.pool().clone());
@@ -487,16 +526,16 @@ impl Core {
                 },
             );
         }
-        let cell = self.migrated.clone();
-        let client = self.client.clone();
-        let engine = block_on(py, move || async move {
-            ensure_migrated(&client, &cell).await?;
-            let engine = b.build().await?;
-            engine.start().await?;
-            Ok::<_, gendurable::Error>(engine)
-        })
-        .py_err()?;
+        let c = self.caller();
+        let engine = block_on(py, move || {
+            c.run(move |_| async move {
+                let engine = b.build().await?;
+                engine.start().await?;
+                Ok(engine)
+            })
+        })?;
         let previous = self.worker.lock().unwrap().replace(engine);
+        *self.force.lock().unwrap() = Some(force);
         if let Some(other) = previous {
             // Started twice concurrently: keep one node.
             block_on(py, move || async move { other.shutdown().await }).py_err()?;
@@ -510,12 +549,42 @@ impl Core {
         self.worker.lock().unwrap().is_some()
     }
 
-    /// Stop the worker node gracefully (see `Engine.shutdown`).
+    /// Stop the worker node gracefully (see `Engine.shutdown`). While it
+    /// waits for running steps, Python's signal handlers run: one that raises
+    /// (Ctrl-C) stops the running steps at once, recorded as errors, and the
+    /// exception propagates once their outcomes are written.
     fn shutdown(&self, py: Python<'_>) -> PyResult<()> {
-        let engine = self.worker.lock().unwrap().take();
-        match engine {
-            Some(engine) => block_on(py, move || async move { engine.shutdown().await }).py_err(),
-            None => Ok(()),
+        let Some(engine) = self.worker.lock().unwrap().take() else {
+            return Ok(());
+        };
+        let force = self.force.lock().unwrap().clone();
+        let mut stopping = crate::runtime().spawn(async move { engine.shutdown().await });
+        let mut wait = |py: Python<'_>, limit: Duration| {
+            py.detach(|| {
+                crate::runtime()
+                    .block_on(async { tokio::time::timeout(limit, &mut stopping).await })
+            })
+        };
+        loop {
+            if let Ok(joined) = wait(py, Duration::from_millis(50)) {
+                return joined
+                    .map_err(|e| crate::errors::internal(e.to_string()))?
+                    .py_err();
+            }
+            if let Err(interrupt) = py.check_signals() {
+                if let Some(f) = &force {
+                    f.fire();
+                }
+                // Give the stopped steps' outcomes a moment to be written;
+                // another interrupt gives up at once.
+                let deadline = std::time::Instant::now() + FORCED_GRACE;
+                while std::time::Instant::now() < deadline {
+                    if wait(py, Duration::from_millis(50)).is_ok() || py.check_signals().is_err() {
+                        break;
+                    }
+                }
+                return Err(interrupt);
+            }
         }
     }
 
@@ -529,6 +598,15 @@ impl Core {
         })
     }
 
+    /// Stop the worker's running steps now, recording each as an error (a
+    /// second interrupt while the worker shuts down). Does not stop the node:
+    /// `shutdown` does.
+    fn force_stop(&self) {
+        if let Some(f) = &*self.force.lock().unwrap() {
+            f.fire();
+        }
+    }
+
     fn __repr__(&self) -> String {
         format!(
             "<gendurable engine schema={:?} node={:?}>",
@@ -536,4 +614,31 @@ impl Core {
             self.client.node_id()
         )
     }
+}
+
+async fn signal(
+    engine: &Engine,
+    name: &str,
+    payload: serde_json::Value,
+    id: Option<i64>,
+) -> gendurable::Result<u64> {
+    match id {
+        Some(id) => engine
+            .signal_instance(id, name, payload)
+            .await
+            .map(u64::from),
+        None => engine.signal(name, payload).await,
+    }
+}
+
+async fn cancel(
+    engine: &Engine,
+    id: i64,
+    reason: Option<String>,
+) -> gendurable::Result<(&'static str, Option<&'static str>)> {
+    match reason {
+        Some(r) => engine.cancel_with_reason(id, &r).await,
+        None => engine.cancel(id).await,
+    }
+    .map(cancelled_str)
 }

@@ -65,6 +65,37 @@ pub(crate) fn to_py(e: gendurable::Error) -> PyErr {
     })
 }
 
+/// `CannotConnect` for a connection that failed: `.cause` names why
+/// (`refused`, `unknown_host`, `auth`, `no_database`, `not_ready`,
+/// `timeout`, `other`).
+pub(crate) fn connect_error(e: gendurable_cli::connect::ConnectError) -> PyErr {
+    Python::attach(|py| {
+        raise(
+            py,
+            "CannotConnect",
+            e.message.clone(),
+            &[
+                (
+                    "cause",
+                    e.cause
+                        .as_str()
+                        .into_pyobject(py)
+                        .unwrap()
+                        .into_any()
+                        .unbind(),
+                ),
+                (
+                    "transient",
+                    pyo3::types::PyBool::new(py, e.cause.is_transient())
+                        .to_owned()
+                        .into_any()
+                        .unbind(),
+                ),
+            ],
+        )
+    })
+}
+
 /// `InvalidInput` for a field, raised before anything reaches the core.
 pub(crate) fn invalid_input(field: &'static str, reason: impl Into<String>) -> PyErr {
     to_py(gendurable::Error::InvalidInput {

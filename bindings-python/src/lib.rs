@@ -56,6 +56,17 @@ fn init_logging() {
     }
 }
 
+/// Run the `gendurable` command line (`argv[0]` is the program name) with
+/// the GIL released, and return its exit status. The CLI handles Ctrl-C
+/// itself; the console script sets a Python SIGINT handler that does nothing
+/// while it runs, and the signal Python also saw is consumed here.
+#[pyfunction]
+fn cli_main(py: Python<'_>, argv: Vec<std::ffi::OsString>) -> i32 {
+    let code = py.detach(move || gendurable_cli::run(argv));
+    let _ = py.check_signals();
+    code
+}
+
 #[pymodule]
 fn _gendurable(m: &Bound<'_, PyModule>) -> PyResult<()> {
     init_logging();
@@ -67,6 +78,8 @@ fn _gendurable(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(values::check_name, m)?)?;
     m.add_function(wrap_pyfunction!(values::check_key, m)?)?;
     m.add_function(wrap_pyfunction!(bench::_bench_rust_noop, m)?)?;
+    m.add_function(wrap_pyfunction!(cli_main, m)?)?;
+    m.add_function(wrap_pyfunction!(workflow::running_sync_steps, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -16,6 +16,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyString, PyTuple};
 use std::cell::Cell;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::oneshot;
@@ -47,7 +48,63 @@ pub(crate) struct Hooks {
     /// `_invoke_async(fn, takes_step, step, state, ctx, loop, done) -> concurrent future`
     pub invoke_async: Py<PyAny>,
     pub event_loop: Py<PyAny>,
+    /// Fired to stop every running step at once.
+    pub force: Arc<Force>,
 }
+
+/// Stops the running steps of a worker at once, each recorded as an error
+/// (the worker was interrupted a second time while shutting down). A `def`
+/// step's thread runs on until its function returns (Python threads cannot
+/// be stopped), but its result is no longer waited for; an `async def` step's
+/// task is cancelled.
+pub(crate) struct Force(tokio::sync::watch::Sender<bool>);
+
+impl Default for Force {
+    fn default() -> Self {
+        Force(tokio::sync::watch::channel(false).0)
+    }
+}
+
+impl Force {
+    pub fn fire(&self) {
+        self.0.send_replace(true);
+    }
+
+    async fn fired(&self) {
+        let _ = self.0.subscribe().wait_for(|fired| *fired).await;
+    }
+}
+
+/// `def` steps whose function is running now, in this process (also those
+/// no longer waited for after a shutdown timeout or a second interrupt).
+static SYNC_STEPS: AtomicUsize = AtomicUsize::new(0);
+
+/// Counts a running `def` step while alive.
+struct SyncStep;
+
+impl SyncStep {
+    fn enter() -> SyncStep {
+        SYNC_STEPS.fetch_add(1, Ordering::SeqCst);
+        SyncStep
+    }
+}
+
+impl Drop for SyncStep {
+    fn drop(&mut self) {
+        SYNC_STEPS.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// How many `def` steps are running in this process. A process should not
+/// end its interpreter while one runs: the thread would be torn down under
+/// the step (`gendurable worker` then leaves with `os._exit`).
+#[pyfunction]
+pub(crate) fn running_sync_steps() -> usize {
+    SYNC_STEPS.load(Ordering::SeqCst)
+}
+
+/// The error a step stopped by [`Force`] records.
+const FORCED: &str = "stopped: the worker was interrupted again while shutting down";
 
 pub(crate) struct PyWorkflow {
     pub steps: HashMap<String, PyStep>,
@@ -231,6 +288,17 @@ impl Workflow for PyWorkflow {
     }
 
     async fn step(&self, step: &str, state: serde_json::Value, ctx: StepContext) -> StepResult {
+        let force = self.hooks.force.clone();
+        tokio::select! {
+            biased;
+            out = self.run(step, state, ctx) => out,
+            () = force.fired() => Ok(Transition::error(FORCED)),
+        }
+    }
+}
+
+impl PyWorkflow {
+    async fn run(&self, step: &str, state: serde_json::Value, ctx: StepContext) -> StepResult {
         let Some(s) = self.steps.get(step).or(self.fallback.as_ref()) else {
             return Ok(Transition::error(format!(
                 "workflow {:?} has no step {step:?}",
@@ -243,6 +311,7 @@ impl Workflow for PyWorkflow {
         if !is_async {
             let out = tokio::task::spawn_blocking(move || {
                 pin_thread_state();
+                let _running = SyncStep::enter();
                 Python::attach(|py| {
                     let call = || -> PyResult<Transition> {
                         let args = (
