@@ -1,0 +1,7 @@
+"""``python -m gendurable``: the ``gendurable`` command."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())
