@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import enum
+import threading
+import uuid
 from datetime import datetime
 
 import pytest
 
 import gendurable
+from conftest import wait_until
 from gendurable import Await, InvalidConfig, InvalidInput
 
 
@@ -45,6 +49,11 @@ def engine(make_engine):
         (("W", {}), {"concurrency_key": "k" * 1025}, "concurrency_key"),
         (("W", {}), {"concurrency_key": ("a", 1, 2)}, "concurrency_key"),
         (("W", {}), {"concurrency_key": 7}, "concurrency_key"),
+        (("W", {}), {"concurrency_key": ("acct", None)}, "concurrency_key"),
+        (("W", {}), {"concurrency_key": ("acct", True)}, "concurrency_key"),
+        (("W", {}), {"concurrency_key": ("acct", 1.5)}, "concurrency_key"),
+        (("W", {}), {"concurrency_key": ("acct", [1])}, "concurrency_key"),
+        (("W", {}), {"concurrency_key": (None, 1)}, "concurrency_key"),
         (("W", {}), {"rate_limit": "anthropic:t1"}, "rate_limit"),
         (("W", {}), {"schedule_in": -1}, "schedule_in"),
         (("W", {}), {"schedule_in": "soon"}, "schedule_in"),
@@ -184,3 +193,52 @@ def test_too_deep_state(engine):
     with pytest.raises(InvalidInput) as exc:
         engine.insert("W", deep)
     assert exc.value.field == "state" and "nested" in str(exc.value)
+
+
+def test_a_key_with_a_none_id_is_refused_everywhere(engine):
+    bad = ("acct", None)
+    with pytest.raises(InvalidInput, match=r"the id of a \(name, id\) key must be") as exc:
+        engine.insert("W", {}, concurrency_key=bad)
+    assert exc.value.field == "concurrency_key" and "None" in str(exc.value)
+    with pytest.raises(InvalidInput):
+        gendurable.NewInstance("W", {}, concurrency_key=bad)
+    with pytest.raises(InvalidInput):
+        engine.effective_k(bad)
+
+
+async def test_a_key_with_a_none_id_is_refused_async(engine):
+    with pytest.raises(InvalidInput) as exc:
+        await engine.insert_async("W", {}, concurrency_key=("acct", None))
+    assert exc.value.field == "concurrency_key"
+
+
+def test_a_step_switching_to_a_none_id_key_fails_its_attempt(make_engine):
+    engine = make_engine()
+    ran = threading.Event()
+
+    @engine.workflow("Switch")
+    def switch(step, state, ctx):
+        ran.set()
+        return gendurable.Next("after", state, concurrency_key=("acct", None))
+
+    id_ = engine.insert("Switch", {}, max_attempts=1)
+    engine.start()
+    assert ran.wait(30)
+    inst = wait_until(lambda: (i := engine.get(id_)).finished and i, "the attempt to fail")
+    assert inst.status == "discarded"
+    assert "concurrency_key" in inst.errors[-1]["message"], inst.errors
+
+
+def test_tuple_keys_as_stored(engine):
+    class Tier(enum.IntEnum):
+        GOLD = 3
+
+    u = uuid.UUID("12345678-1234-5678-1234-567812345678")
+    for key, stored in [
+        (("acct", 7), "acct:7"),
+        (("acct", -7), "acct:-7"),
+        (("acct", "x:y"), "acct:x:y"),
+        (("acct", u), f"acct:{u}"),
+        (("tier", Tier.GOLD), "tier:3"),
+    ]:
+        assert engine.get(engine.insert("W", {}, concurrency_key=key)).concurrency_key == stored

@@ -263,3 +263,103 @@ def test_the_gil_is_released_while_rust_waits(make_engine):
     t.join()
     assert released_by_helper == [True]
     assert engine.get(id_).status == "completed"
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+@pytest.mark.parametrize("second", [signal.SIGINT, signal.SIGTERM])
+def test_a_second_interrupt_stops_the_running_steps_at_once(database_url, schema, tmp_path, second):
+    env = {
+        **os.environ,
+        "DATABASE_URL": database_url,
+        "GENDURABLE_SCHEMA": schema,
+        "PYTHONPATH": str(TESTS),
+    }
+    client = gendurable.Engine(database_url, schema=schema)
+    started = {w: tmp_path / w for w in ("Stuck.Sync", "Stuck.Async")}
+    ids = {w: client.insert(w, {"started": str(f)}) for w, f in started.items()}
+    proc = subprocess.Popen(
+        [*_worker_cmd(), "worker", "apps.stuck_app:engine"],
+        env=env,
+        cwd=tmp_path,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_until(
+            lambda: all(f.exists() for f in started.values()) or proc.poll() is not None,
+            "both steps to start",
+        )
+        assert proc.poll() is None, proc.stderr.read()
+        proc.send_signal(signal.SIGINT)
+        # The first interrupt waits for the running steps (shutdown_timeout is 600 s).
+        time.sleep(1.0)
+        assert proc.poll() is None, proc.stderr.read()
+        assert all(client.get(i).status == "executing" for i in ids.values())
+        t0 = time.monotonic()
+        proc.send_signal(second)
+        rc = proc.wait(timeout=30)
+        took = time.monotonic() - t0
+        err = proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert rc == 130, err
+    assert took < 10, f"took {took:.1f} s"
+    assert "stopped at once" in err, err
+    for workflow, id_ in ids.items():
+        inst = client.get(id_)
+        # Recorded as an error, to be retried: not lost, not left executing.
+        assert inst.status in ("available", "scheduled"), (workflow, inst)
+        assert "interrupted again" in inst.errors[-1]["message"], (workflow, inst.errors)
+
+
+def test_one_node_id_everywhere(make_engine, database_url, schema):
+    engine = make_engine()
+    release = threading.Event()
+
+    @engine.workflow("Where")
+    def where(step, state, ctx):
+        release.wait(30)
+        return gendurable.Done(state)
+
+    before = engine.node_id
+    id_ = engine.insert("Where", {})
+    engine.start()
+    try:
+        wait_until(lambda: engine.get(id_).status == "executing", "the step to start")
+        # The node that claimed the row, the node in `nodes` (which `status`
+        # lists) and the engine's node_id are one id.
+        assert engine.get(id_).node == before == engine.node_id
+        out = subprocess.run(
+            [*_worker_cmd(), "status", "--schema", schema],
+            env={**os.environ, "DATABASE_URL": database_url},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout
+        assert f"\n  {before}  host " in out, out
+    finally:
+        release.set()
+    wait_until(lambda: engine.get(id_).finished, "the step to finish")
+    engine.shutdown()
+    assert engine.node_id == before
+    assert repr(engine).endswith(f"node={before!r}>")
+
+
+def test_a_chosen_node_id_is_kept(make_engine):
+    engine = make_engine(node_id="py-node-7")
+    release = threading.Event()
+
+    @engine.workflow("Where")
+    def where(step, state, ctx):
+        release.wait(30)
+        return gendurable.Done(state)
+
+    id_ = engine.insert("Where", {})
+    engine.start()
+    try:
+        wait_until(lambda: engine.get(id_).status == "executing", "the step to start")
+        assert engine.node_id == "py-node-7" == engine.get(id_).node
+    finally:
+        release.set()

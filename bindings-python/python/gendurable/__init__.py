@@ -28,6 +28,7 @@ from .bulkhead import Bulkhead, Permit
 from .context import Context, Wake
 from .engine import Cancelled, Engine, Instance, NewInstance, workflow
 from .errors import (
+    CannotConnect,
     DatabaseError,
     EmbeddedPostgresError,
     Error,
@@ -46,6 +47,7 @@ __all__ = [
     "Bulkhead",
     "Cancel",
     "Cancelled",
+    "CannotConnect",
     "Context",
     "DatabaseError",
     "Done",

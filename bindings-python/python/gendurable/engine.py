@@ -419,6 +419,10 @@ class Engine:
     rate-limit key (``{"openai": {"limit": 100, "period": 60, "burst": 10}}``).
     Durations are seconds (or ``timedelta``). ``retention`` is how long
     finished instances are kept (``None``: forever; default 7 days).
+    ``connect_timeout`` (default 10 s) bounds how long a call waits for a
+    database connection; a database that cannot be reached raises
+    :class:`gendurable.CannotConnect` naming the cause (a refused connection,
+    an unknown host, a refused password) at once.
 
     A bad configuration raises :class:`gendurable.InvalidConfig` here; nothing
     connects to the database until the first call that needs it.
@@ -442,6 +446,7 @@ class Engine:
         retention: Union[float, _dt.timedelta, None] = _UNSET,
         backoff: Optional[tuple[float, float]] = None,
         max_connections: Optional[int] = None,
+        connect_timeout: Union[float, _dt.timedelta, None] = None,
     ) -> None:
         if url is None:
             url = os.environ.get("DATABASE_URL") or None
@@ -513,6 +518,7 @@ class Engine:
             _cfg_seconds("retention", retention) if retention_set else None,
             backoff_secs,
             max_connections,
+            _cfg_seconds("connect_timeout", connect_timeout),
         )
         self.schema = schema
         self._workflows: dict[str, _Workflow] = {}
@@ -625,10 +631,32 @@ class Engine:
         return self._core.insert_many(self._declared([new._t]))[0]
 
     async def insert_async(
-        self, workflow: Union[str, Any], state: Optional[Mapping[str, Any]] = None, **options: Any
+        self,
+        workflow: Union[str, Any],
+        state: Optional[Mapping[str, Any]] = None,
+        *,
+        step: str = "start",
+        queue: str = "default",
+        priority: int = 0,
+        concurrency_key: Optional[ConcurrencyKey] = None,
+        rate_limit: Optional[str] = None,
+        schedule_in: Union[float, _dt.timedelta, None] = None,
+        scheduled_at: Optional[_dt.datetime] = None,
+        max_attempts: int = 20,
     ) -> int:
         """:meth:`insert` for asyncio."""
-        new = NewInstance(workflow, state, **options)
+        new = NewInstance(
+            workflow,
+            state,
+            step=step,
+            queue=queue,
+            priority=priority,
+            concurrency_key=concurrency_key,
+            rate_limit=rate_limit,
+            schedule_in=schedule_in,
+            scheduled_at=scheduled_at,
+            max_attempts=max_attempts,
+        )
         ids = await self._core.insert_many_async(self._declared([new._t]))
         return ids[0]
 
@@ -753,16 +781,25 @@ class Engine:
         """Run the worker until SIGINT (Ctrl-C) or SIGTERM, or until
         :meth:`stop` is called; then shut down gracefully and return.
 
+        A second SIGINT or SIGTERM during the graceful shutdown stops the
+        running steps at once (each is recorded as an error and retried
+        later) and raises :class:`KeyboardInterrupt` once their outcomes are
+        written.
+
         Signal handlers are installed only when called from the main thread
         (and ``handle_signals`` is true); the previous ones are restored on return.
         """
         previous: dict[Any, Any] = {}
         if handle_signals and threading.current_thread() is threading.main_thread():
+            signalled = []
 
             def on_signal(signum: int, frame: Any) -> None:
-                # Restore at once, so a second signal has its usual effect.
-                for s, h in previous.items():
-                    _signal.signal(s, h)
+                if signalled:
+                    # A second signal: stop the running steps now (each is
+                    # recorded as an error) and leave with KeyboardInterrupt.
+                    self._core.force_stop()
+                    raise KeyboardInterrupt
+                signalled.append(signum)
                 raise _Stop
 
             for s in (_signal.SIGINT, _signal.SIGTERM):
@@ -782,14 +819,22 @@ class Engine:
     async def run_async(self, *, handle_signals: bool = True) -> None:
         """:meth:`run` inside a running event loop: start the worker, wait for
         SIGINT or SIGTERM (handled on this loop when it runs in the main thread),
-        :meth:`stop` or the cancellation of this task, then shut down gracefully."""
+        :meth:`stop` or the cancellation of this task, then shut down gracefully.
+        A second signal during the shutdown stops the running steps at once
+        (recorded as errors)."""
         loop = asyncio.get_running_loop()
         stopped = asyncio.Event()
         installed = []
+
+        def on_signal() -> None:
+            if stopped.is_set():  # a second signal: stop the running steps now
+                self._core.force_stop()
+            stopped.set()
+
         if handle_signals and threading.current_thread() is threading.main_thread():
             for s in (_signal.SIGINT, _signal.SIGTERM):
                 try:
-                    loop.add_signal_handler(s, stopped.set)
+                    loop.add_signal_handler(s, on_signal)
                     installed.append(s)
                 except (NotImplementedError, RuntimeError):  # pragma: no cover - not POSIX
                     pass
@@ -803,9 +848,11 @@ class Engine:
             watcher.start()
             await stopped.wait()
         finally:
-            for s in installed:
-                loop.remove_signal_handler(s)
-            await self.shutdown_async()
+            try:
+                await self.shutdown_async()
+            finally:
+                for s in installed:
+                    loop.remove_signal_handler(s)
 
     async def shutdown_async(self) -> None:
         """:meth:`shutdown` for asyncio (the event loop is not blocked)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Optional
 
 __all__ = [
+    "CannotConnect",
     "DatabaseError",
     "EmbeddedPostgresError",
     "Error",
@@ -73,6 +74,20 @@ class DatabaseError(Error):
     def __init__(self, message: str = "", *, transient: bool = False) -> None:
         super().__init__(message)
         self.transient = transient
+
+
+class CannotConnect(DatabaseError):
+    """The database could not be reached; the message says where and why.
+
+    ``cause`` is one of ``"refused"`` (nothing listens there),
+    ``"unknown_host"``, ``"auth"`` (the user or its password was refused),
+    ``"no_database"``, ``"not_ready"`` (the server is starting or stopping),
+    ``"timeout"`` (no answer within ``connect_timeout``) and ``"other"``.
+    """
+
+    def __init__(self, message: str = "", *, cause: str = "other", transient: bool = False) -> None:
+        super().__init__(message, transient=transient)
+        self.cause = cause
 
 
 class MigrationError(DatabaseError):

@@ -8,6 +8,7 @@ instance, returned or raised, fails the attempt).
 from __future__ import annotations
 
 import datetime as _dt
+import uuid
 from typing import Any, Final, Optional, Tuple, Union
 
 from .errors import InvalidInput
@@ -35,16 +36,33 @@ class _Keep:
 KEEP: Final = _Keep()
 """Keep the instance's concurrency key (the default of :class:`Next`)."""
 
-ConcurrencyKey = Union[str, Tuple[str, Any]]
+ConcurrencyKey = Union[str, Tuple[str, Union[str, int, uuid.UUID]]]
 """A key: ``"account:7"`` or ``("account", 7)``."""
 
 
 def key_str(key: ConcurrencyKey, field: str = "concurrency_key") -> str:
-    """A key as stored: ``("stripe", 7)`` becomes ``"stripe:7"``."""
+    """A key as stored: ``("stripe", 7)`` becomes ``"stripe:7"``.
+
+    The id of a ``(name, id)`` tuple is a ``str``, an ``int`` or a
+    ``uuid.UUID``, written as the other languages write it. Anything else
+    (``None``, a ``bool``, a ``float``...) is refused rather than turned into
+    a key such as ``"stripe:None"`` that every missing id would share.
+    """
     if isinstance(key, str):
         return key
     if isinstance(key, tuple) and len(key) == 2 and isinstance(key[0], str):
-        return f"{key[0]}:{key[1]}"
+        name, id_ = key
+        if isinstance(id_, str):
+            return f"{name}:{str.__str__(id_)}"
+        if isinstance(id_, int) and not isinstance(id_, bool):
+            return f"{name}:{int.__repr__(id_)}"
+        if isinstance(id_, uuid.UUID):
+            return f"{name}:{id_}"
+        raise InvalidInput(
+            f"invalid {field}: the id of a (name, id) key must be a str, an int or a UUID,"
+            f" got {id_!r} in {key!r}",
+            field=field,
+        )
     raise InvalidInput(
         f"invalid {field}: must be a str or a (name, id) tuple, got {key!r}", field=field
     )
