@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -155,3 +156,32 @@ def test_status_shows_the_node_and_the_rows_no_live_node_runs(make_engine, datab
     engine.shutdown()
     out = ok(run("status", "--schema", schema, url=database_url))
     assert 'NO: no live node serves queue "default"' in out, out
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+def test_echo_runs_python_rows_and_stops_on_ctrl_c(make_engine, database_url, schema):
+    """The Rust node of `gendurable echo`, run by the pip-installed command,
+    runs a row Python inserted; Ctrl-C stops it gracefully (exit status 0),
+    with no KeyboardInterrupt from Python."""
+    client = make_engine()
+    id_ = client.insert("gendurable.Echo", {"from": "python"})
+    env = {**os.environ, "DATABASE_URL": database_url, "RUST_LOG": "error"}
+    proc = subprocess.Popen(
+        [*_cmd(), "echo", "--schema", schema],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_until(lambda: client.get(id_).finished or proc.poll() is not None, "the echo node")
+        assert proc.poll() is None, proc.stderr.read()
+        proc.send_signal(signal.SIGINT)
+        rc = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    err = proc.stderr.read()
+    assert rc == 0 and "KeyboardInterrupt" not in err, err
+    assert client.get(id_).state == {"from": "python", "ran_by": "rust", "echo_id": id_}

@@ -363,3 +363,30 @@ def test_a_chosen_node_id_is_kept(make_engine):
         assert engine.node_id == "py-node-7" == engine.get(id_).node
     finally:
         release.set()
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+async def test_run_async_a_second_interrupt_stops_the_running_steps(make_engine):
+    import asyncio
+
+    engine = make_engine(shutdown_timeout=600)
+    started = threading.Event()
+
+    @engine.workflow("Stuck")
+    async def stuck(step, state, ctx):
+        started.set()
+        await asyncio.sleep(3600)
+        return gendurable.Done(state)
+
+    id_ = await engine.insert_async("Stuck", {})
+    task = asyncio.create_task(engine.run_async())
+    await asyncio.to_thread(started.wait, 30)
+    os.kill(os.getpid(), signal.SIGINT)  # graceful: waits for the step
+    await asyncio.sleep(0.5)
+    assert not task.done()
+    os.kill(os.getpid(), signal.SIGINT)  # at once
+    await asyncio.wait_for(task, 30)
+    inst = await engine.get_async(id_)
+    assert inst.status in ("available", "scheduled")
+    assert "interrupted again" in inst.errors[-1]["message"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
