@@ -762,7 +762,11 @@ class Engine:
         """Stop the worker gracefully: stop claiming, let running steps finish
         within ``shutdown_timeout`` (steps still running then are recorded as
         errors and retried), write every outcome and hand back claimed rows
-        that never started. Idempotent."""
+        that never started. Idempotent.
+
+        A Ctrl-C (or any signal handler raising) while it waits in the main
+        thread stops the running steps at once, recorded as errors; the
+        exception propagates once their outcomes are written."""
         with self._lock:
             try:
                 self._core.shutdown()
