@@ -33,7 +33,16 @@ pub struct Options {
     pub duration: Duration,
     pub nodes: usize,
     pub instances: Option<usize>,
+    pub poison: Option<u64>,
     pub keep: bool,
+}
+
+impl Options {
+    /// Poison pills: as asked, or one per 30 s of run.
+    fn poison(&self) -> u64 {
+        self.poison
+            .unwrap_or_else(|| (self.duration.as_secs() / 30).max(1))
+    }
 }
 
 /// Tasks aborted when the run ends, however it ends.
@@ -112,7 +121,7 @@ pub async fn run(opts: Options) -> anyhow::Result<bool> {
         "gendurable-chaos: seed {seed}, duration {}, {} nodes, {total} instances and {} poison pills",
         crate::show_duration(opts.duration),
         opts.nodes,
-        (opts.duration.as_secs() / 30).max(1)
+        opts.poison()
     );
     let dir = std::env::temp_dir().join(format!("gendurable-chaos-{seed}-{}", std::process::id()));
     std::fs::create_dir_all(dir.join("nodes"))
@@ -134,7 +143,7 @@ async fn run_in(opts: &Options, total: usize, dir: &std::path::Path) -> anyhow::
     );
     // Every seeded decision is drawn here, before anything runs.
     let mut rng = StdRng::seed_from_u64(opts.seed);
-    let waves = load::waves(&mut rng, total, opts.duration);
+    let waves = load::waves(&mut rng, total, opts.poison(), opts.duration);
     let total: usize = waves.iter().map(|w| w.plans.len()).sum();
     let schedule = faults::schedule(&mut rng, opts.duration, opts.nodes);
     let proxy_seed: u64 = rng.gen();
@@ -615,6 +624,10 @@ fn print_report(
             opts.instances
                 .map(|n| format!(" --instances {n}"))
                 .unwrap_or_default()
+                + &opts
+                    .poison
+                    .map(|n| format!(" --poison {n}"))
+                    .unwrap_or_default()
         );
     }
     Ok(())

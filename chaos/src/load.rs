@@ -22,9 +22,9 @@ pub struct Wave {
 }
 
 /// `total` plans in waves every 2 to 4 s over the first 70 % of the run,
-/// and a poison pill per 30 s. Each wave has a hot rate-limit key, so that
+/// and `poison` poison pills. Each wave has a hot rate-limit key, so that
 /// its limit binds.
-pub fn waves(rng: &mut StdRng, total: usize, duration: Duration) -> Vec<Wave> {
+pub fn waves(rng: &mut StdRng, total: usize, poison: u64, duration: Duration) -> Vec<Wave> {
     let span = duration.as_secs_f64() * 0.7;
     let mut times = vec![0.5];
     let mut t = 0.5;
@@ -56,9 +56,9 @@ pub fn waves(rng: &mut StdRng, total: usize, duration: Duration) -> Vec<Wave> {
             plans,
         });
     }
-    // Poison pills, one per 30 s of run, in the first half.
+    // Poison pills, in the first half.
     let half = out.len().div_ceil(2).max(1);
-    for p in 0..(duration.as_secs() / 30).max(1) {
+    for p in 0..poison {
         let w = rng.gen_range(0..half);
         let hot = format!("{RATE}:{}", w as u32 % RATE_KEYS);
         let plan = Plan::poison(rng, format!("p{p}"), &hot);

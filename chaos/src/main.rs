@@ -50,6 +50,10 @@ struct RunArgs {
     /// Instances inserted (default: 8 per second of duration).
     #[arg(long)]
     instances: Option<usize>,
+    /// Poison pills: instances whose last step ends its node's process on
+    /// every attempt (default: one per 30 s of duration; 0 for none).
+    #[arg(long)]
+    poison: Option<u64>,
     /// Keep the run's directory: the records, the nodes' output and a copy
     /// of the database (kept anyway when a check fails).
     #[arg(long)]
@@ -127,6 +131,7 @@ fn main() -> ExitCode {
                 duration: a.duration,
                 nodes: a.nodes.into(),
                 instances: a.instances,
+                poison: a.poison,
                 keep: a.keep,
             };
             let seed = opts.seed;
