@@ -386,35 +386,32 @@ fn acquire_once_expired(b: &Bulkhead) -> gendurable::bulkhead::Permit<'_> {
 }
 
 #[test]
-fn an_expired_slot_is_reclaimed_and_its_late_release_is_ignored() {
+fn expired_slots_are_reclaimed_and_late_releases_are_ignored() {
     for limit in [1, 2, 64, 65] {
         let hooks = Arc::new(Counting::default());
         let b = Bulkhead::new(
-            BulkheadConfig::new(limit, Duration::from_millis(50)).with_hooks(hooks.clone()),
+            BulkheadConfig::new(limit, Duration::from_millis(200)).with_hooks(hooks.clone()),
         )
         .unwrap();
         let held: Vec<_> = (0..limit).map(|_| b.try_acquire().unwrap()).collect();
         // Not before the deadline: the limit holds.
         assert_eq!(b.try_acquire().unwrap_err(), Saturated);
 
+        // Nobody releases; only refused callers come by.
         let new = acquire_once_expired(&b);
-        assert_eq!(hooks.reclaimed.load(SeqCst), 1);
-        assert_eq!(b.in_flight(), limit, "the reclaimed slot is still one slot");
-        let (stale, current): (Vec<_>, Vec<_>) = held.into_iter().partition(|p| !p.is_current());
-        assert_eq!(stale.len(), 1, "exactly one old holder lost its slot");
-
-        // The holder that lost its slot releases late: nothing changes.
-        drop(stale);
-        assert_eq!(
-            b.in_flight(),
-            limit,
-            "a late release freed someone else's slot"
-        );
+        eventually("every expired holder is reclaimed", || {
+            held.iter().all(|p| !p.is_current()) && hooks.reclaimed.load(SeqCst) == limit
+        });
+        assert_eq!(b.in_flight(), 1, "expired holders are not counted");
         assert!(new.is_current());
-        drop(current);
-        assert_eq!(b.in_flight(), 1);
+
+        // The holders that lost their slots release late: nothing changes.
+        drop(held);
+        assert_eq!(b.in_flight(), 1, "a late release freed someone else's slot");
+        assert!(new.is_current());
         drop(new);
         assert_eq!(b.in_flight(), 0);
+        assert_eq!(hooks.reclaimed.load(SeqCst), limit);
     }
 }
 

@@ -36,11 +36,12 @@ pub(crate) const TICK_NANOS: u64 = 1 << TICK_SHIFT;
 /// boundary can fall just after the reading, hence both are added.
 pub(crate) fn reclaim_ticks(reclaim_after: Duration, granularity: Duration) -> u64 {
     let nanos = reclaim_after.as_nanos() + granularity.as_nanos();
-    let ticks = nanos.div_ceil(TICK_NANOS as u128) as u64;
-    ticks + 1
+    let ticks = nanos.div_ceil(TICK_NANOS as u128);
+    u64::try_from(ticks).unwrap_or(u64::MAX).saturating_add(1)
 }
 
-/// Converts a number of ticks into a duration.
+/// Converts a number of ticks into a duration (saturating).
+#[cfg_attr(gendurable_loom, allow(dead_code))]
 pub(crate) fn ticks_to_duration(ticks: u64) -> Duration {
     Duration::from_nanos(ticks.saturating_mul(TICK_NANOS))
 }

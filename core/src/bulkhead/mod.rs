@@ -32,13 +32,17 @@
 //! when a future holding it is cancelled. Some holders never get there: a
 //! thread blocked forever in a driver, a future leaked with `mem::forget`, a
 //! task stuck behind a dead lock. So every permit also carries a deadline,
-//! `reclaim_after` from when it was taken. Past that deadline its slot counts
-//! as free, and the next caller that finds the bulkhead full takes it over
-//! (a *reclaim*, reported to [`BulkheadHooks::on_reclaimed`]). Deadlines are
+//! `reclaim_after` from when it was taken. Once that deadline has passed, the
+//! holder no longer counts: its slot is taken back (a *reclaim*, reported to
+//! [`BulkheadHooks::on_reclaimed`]) and goes to the oldest waiter or back to
+//! the free slots. A process-wide background thread, the reaper, does this
+//! when the earliest deadline of a bulkhead passes, so no acquire, release or
+//! refusal ever looks for expired holders; [`Bulkhead::in_flight`] does it too
+//! when a deadline is due, so it never counts an expired holder. Deadlines are
 //! kept on the kernel's coarse monotonic clock, rounded up: a slot never comes
-//! back before `reclaim_after` has passed since the acquire began, and may
-//! come back up to two kernel ticks plus about 2 ms later (about 10 ms with
-//! the common 250 Hz tick).
+//! back before `reclaim_after` has passed since the acquire, and comes back
+//! up to two kernel ticks plus about 2 ms later (about 10 ms with the common
+//! 250 Hz tick).
 //!
 //! That is a deliberate trade-off. A call that is merely slow, still running
 //! after `reclaim_after`, loses its slot and the service sees one call more
@@ -56,25 +60,26 @@
 //! # Waiting
 //!
 //! With [`Wait::Bounded`], [`Bulkhead::acquire`] (async) and
-//! [`Bulkhead::acquire_blocking`] (threads) wait up to that long. Waiters hold
-//! no slot while they wait; a release wakes one of them, and they also wake
-//! when the earliest held deadline passes, so a reclaim is not missed. A
-//! waiter that times out or whose future is dropped leaves nothing behind.
-//! Waiting is not first-come first-served: a call arriving while a slot is
-//! free takes it even if others are waiting. An unbounded wait cannot be
-//! configured: a bulkhead that queues without limit is a queue, and hides the
-//! overload it is there to expose.
+//! [`Bulkhead::acquire_blocking`] (threads) wait up to that long. Waiting is
+//! first come, first served: waiters form one queue, and a released (or
+//! reclaimed) slot goes straight to the oldest of them, before any newcomer
+//! can take it; a caller that finds others waiting queues behind them, and
+//! [`Bulkhead::try_acquire`] is refused. Waiters hold no slot while they
+//! wait. A waiter that times out or whose future is dropped leaves nothing
+//! behind (a permit granted to it at that moment goes to the next waiter). An
+//! unbounded wait cannot be configured: a bulkhead that queues without limit
+//! is a queue, and hides the overload it is there to expose.
 //!
 //! # Cost
 //!
-//! An acquire and release that find a free slot cost three atomic
-//! read-modify-writes in all (four once more than 63 permits are held) plus
-//! one read of the kernel's coarse clock, with no lock and no allocation;
-//! nothing about waiters or hooks is touched unless someone waits or hooks
-//! are set. A full bulkhead is recognised from a bitmap and a counter, in
-//! constant time whatever the limit. `docs/bulkhead.md` has the
-//! benchmark figures and the protocol in detail; the implementation notes
-//! are in the `slots` module.
+//! Free slots form a lock-free stack. An acquire pops one, a release pushes it
+//! back: three atomic read-modify-writes in all plus one read of the kernel's
+//! coarse clock, with no lock, no allocation and no search, whatever the limit
+//! and however many permits are held. A refusal is one load. Nothing about
+//! waiters, expiry or hooks is touched unless someone waits, a bulkhead goes
+//! from idle to busy, or hooks are set. `docs/bulkhead.md` has the benchmark
+//! figures and the protocol in detail; the implementation notes are in the
+//! `slots` module.
 //!
 //! # This bulkhead or a concurrency key?
 //!
@@ -96,23 +101,29 @@
 //! [`Bulkhead::limit_of`], [`Bulkhead::reset_named`].
 
 mod clock;
+mod reaper;
 mod registry;
 mod slots;
 mod sync;
+mod waiters;
 
 use std::fmt;
 use std::future::Future;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use slots::{Claim, Released, Slots};
+use slots::{Claim, Core, Enqueued};
+use waiters::{Waiting, Wake};
 
 /// The largest `limit` a bulkhead accepts.
 pub const MAX_LIMIT: usize = 1 << 20;
 
 /// The largest `reclaim_after` a bulkhead accepts.
 pub const MAX_RECLAIM_AFTER: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// The largest [`Wait::Bounded`] budget a bulkhead accepts. Anything longer
+/// is refused rather than clamped: it is unbounded in all but name.
+pub const MAX_WAIT: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// The bulkhead had no permit to give within the caller's budget.
 ///
@@ -142,7 +153,8 @@ pub enum Wait {
     /// Do not wait: refuse with [`Saturated`] at once (shed load).
     #[default]
     None,
-    /// Wait at most this long. `Bounded(Duration::ZERO)` is the same as `None`.
+    /// Wait at most this long (at most [`MAX_WAIT`]). `Bounded(Duration::ZERO)`
+    /// is the same as `None`.
     Bounded(Duration),
     /// Wait as long as it takes. Always refused by [`Bulkhead::new`]; it exists
     /// so that bindings can pass a caller's "no timeout" through and get a
@@ -152,17 +164,18 @@ pub enum Wait {
 
 /// Callbacks for metrics. Every method has an empty default.
 ///
-/// They run on the caller's thread, inside acquire: keep them short and do not
-/// block or panic in them.
+/// Keep them short and do not block or panic in them. All but
+/// `on_reclaimed` run on the caller's thread, inside acquire.
 pub trait BulkheadHooks: Send + Sync {
-    /// A permit was handed out (after waiting or not, reclaimed or not).
+    /// A permit was handed out (after waiting or not).
     fn on_acquired(&self) {}
     /// An acquire was refused with [`Saturated`] (after waiting or not).
     fn on_saturated(&self) {}
     /// An acquire had to wait, for this long, whatever its outcome.
     fn on_waited(&self, _waited: Duration) {}
-    /// A permit was handed out by taking over a slot whose holder outlived
-    /// `reclaim_after` without releasing it.
+    /// A holder outlived `reclaim_after` without releasing, and its slot was
+    /// taken back. Runs on the reaper thread, or in an `in_flight` call that
+    /// found the deadline due.
     fn on_reclaimed(&self) {}
 }
 
@@ -170,8 +183,7 @@ pub trait BulkheadHooks: Send + Sync {
 ///
 /// Rules, checked by [`Bulkhead::new`]: `limit` in `1..=MAX_LIMIT`,
 /// `reclaim_after` in `(0, MAX_RECLAIM_AFTER]`, and `wait` not
-/// [`Wait::Unbounded`] (nor a duration so long it cannot be added to the
-/// current time).
+/// [`Wait::Unbounded`] nor longer than [`MAX_WAIT`].
 #[derive(Clone)]
 pub struct BulkheadConfig {
     /// How many permits may be held at once.
@@ -225,42 +237,12 @@ fn invalid(msg: impl Into<String>) -> BulkheadError {
 
 /// A per-service concurrency limit. See the [module documentation](self).
 pub struct Bulkhead {
-    slots: Slots,
-    wait: Option<Duration>,
-    reclaim_after: Duration,
-    hooks: Option<Arc<dyn BulkheadHooks>>,
-    waiters: Waiters,
-}
-
-/// Everything waiting needs. Only touched when the `state` word says someone
-/// waits, so the uncontended path never reads it.
-#[derive(Default)]
-struct Waiters {
-    notify: tokio::sync::Notify,
-    async_waiting: AtomicUsize,
-    lock: Mutex<()>,
-    condvar: Condvar,
-    blocking_waiting: AtomicUsize,
+    core: Arc<Core>,
 }
 
 impl Bulkhead {
     /// Builds a bulkhead, or says which rule `config` breaks.
     pub fn new(config: BulkheadConfig) -> Result<Bulkhead, BulkheadError> {
-        Self::build(config, slots::WORD_SLOTS)
-    }
-
-    /// As [`new`](Bulkhead::new), tracking at most `word_slots` slots in the
-    /// bitmap, so that small models also exercise the counted slots.
-    #[cfg(gendurable_loom)]
-    #[doc(hidden)]
-    pub fn new_with_word_slots(
-        config: BulkheadConfig,
-        word_slots: usize,
-    ) -> Result<Bulkhead, BulkheadError> {
-        Self::build(config, word_slots)
-    }
-
-    fn build(config: BulkheadConfig, word_slots: usize) -> Result<Bulkhead, BulkheadError> {
         let BulkheadConfig {
             limit,
             reclaim_after,
@@ -289,10 +271,11 @@ impl Bulkhead {
         let wait = match wait {
             Wait::None => None,
             Wait::Bounded(d) if d.is_zero() => None,
-            Wait::Bounded(d) if Instant::now().checked_add(d).is_some() => Some(d),
+            Wait::Bounded(d) if d <= MAX_WAIT => Some(d),
             Wait::Bounded(d) => {
                 return Err(invalid(format!(
-                    "wait of {d:?} is effectively unbounded; give a finite budget"
+                    "wait must be at most {MAX_WAIT:?}, got {d:?}: a longer wait is effectively \
+                     unbounded; give a finite budget"
                 )))
             }
             Wait::Unbounded => {
@@ -304,101 +287,76 @@ impl Bulkhead {
         };
         let clock = clock::Clock::new();
         let ticks = clock::reclaim_ticks(reclaim_after, clock.granularity());
-        // Unreachable with MAX_RECLAIM_AFTER, but the token layout depends on it.
-        if ticks >= slots::MAX_TICKS / 2 {
-            return Err(invalid("reclaim_after is too large"));
-        }
         Ok(Bulkhead {
-            slots: Slots::with_word_slots(limit, ticks, clock, word_slots),
-            wait,
-            reclaim_after,
-            hooks,
-            waiters: Waiters::default(),
+            core: Core::new(limit, ticks, clock, wait, reclaim_after, hooks),
         })
     }
 
-    /// Takes a permit if one is free (or expired), without waiting.
+    /// Takes a permit if one is free, without waiting. Refused while others
+    /// wait, even if a slot is being released at that moment: it goes to them.
     #[inline]
     pub fn try_acquire(&self) -> Result<Permit<'_>, Saturated> {
-        match self.slots.try_claim() {
+        match self.core.try_claim() {
             Some(claim) => Ok(self.granted(claim)),
             None => Err(self.refused()),
         }
     }
 
     /// Takes a permit, waiting up to the configured [`Wait`] budget if the
-    /// bulkhead is full.
+    /// bulkhead is full, behind the callers already waiting.
     ///
     /// Waiting needs a Tokio runtime with the time driver enabled. Dropping
     /// the future while it waits leaves no permit behind.
     pub async fn acquire(&self) -> Result<Permit<'_>, Saturated> {
-        if let Some(claim) = self.slots.try_claim() {
+        if let Some(claim) = self.core.try_claim() {
             return Ok(self.granted(claim));
         }
-        let Some(budget) = self.wait else {
+        let Some(budget) = self.core.wait else {
             return Err(self.refused());
         };
         let started = Instant::now();
-        let give_up = tokio::time::Instant::from_std(started + budget);
-        let claim = {
-            let _waiting = WaiterGuard::new(self, &self.waiters.async_waiting);
-            loop {
-                let notified = self.waiters.notify.notified();
-                tokio::pin!(notified);
-                // Register for wake-ups before looking, so a release between
-                // the look and the await is not missed.
-                notified.as_mut().enable();
-                if let Some(claim) = self.slots.try_claim() {
-                    break Some(claim);
+        let claim = match self.core.enqueue(Wake::task()) {
+            Enqueued::Claimed(claim) => Some(claim),
+            Enqueued::Waiting(waiter) => {
+                let waiting = Waiting::new(&self.core, waiter);
+                let give_up = tokio::time::Instant::from_std(give_up_at(started, budget));
+                match tokio::time::timeout_at(give_up, waiting.waiter.until_granted()).await {
+                    Ok(claim) => Some(waiting.keep(claim)),
+                    Err(_) => waiting.give_up(),
                 }
-                let now = tokio::time::Instant::now();
-                if now >= give_up {
-                    break None;
-                }
-                let wake_at = give_up.min(now + self.until_expiry());
-                // Woken, timed out or past the earliest deadline: look again.
-                let _ = tokio::time::timeout_at(wake_at, notified).await;
             }
         };
         self.after_wait(started, claim)
     }
 
     /// Takes a permit, blocking the thread up to the configured [`Wait`]
-    /// budget if the bulkhead is full. For callers outside an async runtime;
-    /// inside one, use [`acquire`](Bulkhead::acquire).
+    /// budget if the bulkhead is full, behind the callers already waiting.
+    /// For callers outside an async runtime; inside one, use
+    /// [`acquire`](Bulkhead::acquire).
     pub fn acquire_blocking(&self) -> Result<Permit<'_>, Saturated> {
-        if let Some(claim) = self.slots.try_claim() {
+        if let Some(claim) = self.core.try_claim() {
             return Ok(self.granted(claim));
         }
-        let Some(budget) = self.wait else {
+        let Some(budget) = self.core.wait else {
             return Err(self.refused());
         };
         let started = Instant::now();
-        let give_up = started + budget;
-        let claim = {
-            let _waiting = WaiterGuard::new(self, &self.waiters.blocking_waiting);
-            // Held while looking and released atomically by the wait, so a
-            // release (which takes the lock to notify) cannot slip in between.
-            let mut guard = self
-                .waiters
-                .lock
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            loop {
-                if let Some(claim) = self.slots.try_claim() {
-                    break Some(claim);
+        let claim = match self.core.enqueue(Wake::this_thread()) {
+            Enqueued::Claimed(claim) => Some(claim),
+            Enqueued::Waiting(waiter) => {
+                let waiting = Waiting::new(&self.core, waiter);
+                let give_up = give_up_at(started, budget);
+                loop {
+                    if let Some(claim) = waiting.waiter.granted() {
+                        break Some(waiting.keep(claim));
+                    }
+                    let now = Instant::now();
+                    if now >= give_up {
+                        break waiting.give_up();
+                    }
+                    // Unparked by the grant; spurious wake-ups just look again.
+                    std::thread::park_timeout(give_up - now);
                 }
-                let now = Instant::now();
-                if now >= give_up {
-                    break None;
-                }
-                let timeout = (give_up - now).min(self.until_expiry());
-                guard = self
-                    .waiters
-                    .condvar
-                    .wait_timeout(guard, timeout)
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .0;
             }
         };
         self.after_wait(started, claim)
@@ -439,57 +397,46 @@ impl Bulkhead {
         Ok(fut.await)
     }
 
-    /// Permits held right now, including any whose holder has outlived
-    /// `reclaim_after` but whose slot has not been taken over yet (that
-    /// happens lazily, when a caller needs the slot).
+    /// Permits held right now by live holders. A holder past its deadline is
+    /// not counted: if one is due, it is reclaimed first (which scans the
+    /// slots, so this is O(`limit`) at most once per passing deadline, and
+    /// O(1) otherwise).
     pub fn in_flight(&self) -> usize {
-        self.slots.in_flight()
+        self.core.in_flight()
     }
 
     /// How many permits may be held at once.
     pub fn limit(&self) -> usize {
-        self.slots.limit()
+        self.core.limit()
     }
 
     /// Callers currently waiting for a permit.
     pub fn waiting(&self) -> usize {
-        self.slots.waiters()
+        self.core.waiting()
     }
 
     /// The configured wait budget (`None`: shed immediately).
     pub fn wait(&self) -> Option<Duration> {
-        self.wait
+        self.core.wait
     }
 
     /// The configured `reclaim_after`.
     pub fn reclaim_after(&self) -> Duration {
-        self.reclaim_after
+        self.core.reclaim_after
     }
 
-    /// Frees every slot, as if all current holders had released. Their later
-    /// releases do nothing, and [`Permit::is_current`] turns false for them.
-    /// Meant for operators and tests, after an incident left the count wrong;
-    /// the service may briefly see up to twice `limit` calls.
+    /// Frees every slot, as if all current holders had released (waiters get
+    /// the slots first, oldest first). Their later releases do nothing, and
+    /// [`Permit::is_current`] turns false for them. Meant for operators and
+    /// tests, after an incident left the count wrong; the service may briefly
+    /// see up to twice `limit` calls.
     pub fn reset(&self) {
-        if self.slots.reset() > 0 && self.slots.waiters() > 0 {
-            self.waiters.notify.notify_waiters();
-            // A waiter between its look and its await only sees notify_one.
-            self.waiters.notify.notify_one();
-            let _guard = self
-                .waiters
-                .lock
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            self.waiters.condvar.notify_all();
-        }
+        self.core.reset();
     }
 
     #[inline]
     fn granted(&self, claim: Claim) -> Permit<'_> {
-        if let Some(hooks) = &self.hooks {
-            if claim.reclaimed {
-                hooks.on_reclaimed();
-            }
+        if let Some(hooks) = &self.core.hooks {
             hooks.on_acquired();
         }
         Permit {
@@ -499,16 +446,16 @@ impl Bulkhead {
         }
     }
 
-    #[cold]
+    #[inline]
     fn refused(&self) -> Saturated {
-        if let Some(hooks) = &self.hooks {
+        if let Some(hooks) = &self.core.hooks {
             hooks.on_saturated();
         }
         Saturated
     }
 
     fn after_wait(&self, started: Instant, claim: Option<Claim>) -> Result<Permit<'_>, Saturated> {
-        if let Some(hooks) = &self.hooks {
+        if let Some(hooks) = &self.core.hooks {
             hooks.on_waited(started.elapsed());
         }
         match claim {
@@ -517,46 +464,51 @@ impl Bulkhead {
         }
     }
 
-    /// How long a waiter may sleep before the earliest held deadline may
-    /// have passed (plus the clock's granularity, so it has surely passed).
-    fn until_expiry(&self) -> Duration {
-        clock::ticks_to_duration(self.slots.ticks_until_expiry()) + self.slots.clock().granularity()
-    }
-
-    #[inline]
-    fn release(&self, slot: u32, token: u64) {
-        if self.slots.release(slot, token) == Released::FreedWithWaiters {
-            self.wake_one();
-        }
-    }
-
-    #[cold]
-    #[inline(never)]
-    fn wake_one(&self) {
-        let w = &self.waiters;
-        if w.async_waiting.load(Ordering::Acquire) > 0 {
-            w.notify.notify_one();
-        }
-        if w.blocking_waiting.load(Ordering::Acquire) > 0 {
-            let _guard = w.lock.lock().unwrap_or_else(PoisonError::into_inner);
-            w.condvar.notify_one();
-        }
-    }
-
-    /// Registers a waiter without waiting, for the loom model of wake-ups.
+    /// Moves the model clock past `reclaim_after`, so that loom tests can make
+    /// deadlines pass.
     #[cfg(gendurable_loom)]
     #[doc(hidden)]
-    pub fn model_add_waiter(&self) {
-        self.slots.add_waiter();
+    pub fn model_advance_clock(&self) {
+        let ticks = clock::reclaim_ticks(self.core.reclaim_after, Duration::ZERO);
+        self.core.clock().advance(ticks + 1);
     }
 
-    /// Moves the model clock forward, so that loom tests can make deadlines pass.
+    /// Runs the reaper's sweep now, for the loom model; returns how many
+    /// holders it reclaimed.
     #[cfg(gendurable_loom)]
     #[doc(hidden)]
-    pub fn advance_clock_past_reclaim(&self) {
-        let ticks = clock::reclaim_ticks(self.reclaim_after, Duration::ZERO);
-        self.slots.clock().advance(ticks + 1);
+    pub fn model_sweep(&self) -> usize {
+        self.core.sweep(None)
     }
+
+    /// Whether an alarm is set, for the loom model.
+    #[cfg(gendurable_loom)]
+    #[doc(hidden)]
+    pub fn model_armed(&self) -> bool {
+        self.core.armed()
+    }
+
+    /// Joins the queue without waiting, for the loom model of hand-offs.
+    #[cfg(gendurable_loom)]
+    #[doc(hidden)]
+    pub fn model_enqueue(self: &Arc<Self>) -> ModelWait {
+        match self.core.enqueue(Wake::Nobody) {
+            Enqueued::Claimed(claim) => {
+                ModelWait::Claimed(self.granted(claim).into_owned(Arc::clone(self)))
+            }
+            Enqueued::Waiting(waiter) => ModelWait::Waiting(ModelWaiter {
+                bulkhead: Arc::clone(self),
+                waiter,
+            }),
+        }
+    }
+}
+
+/// When a wait that started at `started` gives up. `budget` is at most
+/// `MAX_WAIT`, so this cannot overflow; were it to, the waiter gives up at once
+/// rather than panic.
+fn give_up_at(started: Instant, budget: Duration) -> Instant {
+    started.checked_add(budget).unwrap_or(started)
 }
 
 impl fmt::Debug for Bulkhead {
@@ -565,33 +517,45 @@ impl fmt::Debug for Bulkhead {
             .field("limit", &self.limit())
             .field("in_flight", &self.in_flight())
             .field("waiting", &self.waiting())
-            .field("wait", &self.wait)
-            .field("reclaim_after", &self.reclaim_after)
+            .field("wait", &self.wait())
+            .field("reclaim_after", &self.reclaim_after())
             .finish()
     }
 }
 
-/// Counts a waiter for as long as it lives, so a waiter that gives up or is
-/// dropped mid-await stops being counted.
-struct WaiterGuard<'a> {
-    bulkhead: &'a Bulkhead,
-    kind: &'a AtomicUsize,
+/// What [`Bulkhead::model_enqueue`] gave.
+#[cfg(gendurable_loom)]
+#[doc(hidden)]
+pub enum ModelWait {
+    /// A slot was free.
+    Claimed(OwnedPermit),
+    /// Queued.
+    Waiting(ModelWaiter),
 }
 
-impl<'a> WaiterGuard<'a> {
-    fn new(bulkhead: &'a Bulkhead, kind: &'a AtomicUsize) -> Self {
-        // The kind first: a release that sees the waiter in `state` (AcqRel)
-        // then also sees which kind to wake.
-        kind.fetch_add(1, Ordering::Release);
-        bulkhead.slots.add_waiter();
-        WaiterGuard { bulkhead, kind }
+/// A queued waiter in the loom model.
+#[cfg(gendurable_loom)]
+#[doc(hidden)]
+pub struct ModelWaiter {
+    bulkhead: Arc<Bulkhead>,
+    waiter: Arc<waiters::Waiter>,
+}
+
+#[cfg(gendurable_loom)]
+impl ModelWaiter {
+    /// Whether a permit was handed to this waiter.
+    pub fn is_granted(&self) -> bool {
+        self.waiter.granted().is_some()
     }
-}
 
-impl Drop for WaiterGuard<'_> {
-    fn drop(&mut self) {
-        self.bulkhead.slots.remove_waiter();
-        self.kind.fetch_sub(1, Ordering::Release);
+    /// Takes the permit handed to this waiter, or leaves the queue.
+    pub fn finish(self) -> Option<OwnedPermit> {
+        let claim = self.bulkhead.core.cancel(&self.waiter)?;
+        Some(
+            self.bulkhead
+                .granted(claim)
+                .into_owned(Arc::clone(&self.bulkhead)),
+        )
     }
 }
 
@@ -607,7 +571,7 @@ impl Permit<'_> {
     /// Whether this permit still owns its slot: false once the slot was
     /// reclaimed (the permit outlived `reclaim_after`) or reset.
     pub fn is_current(&self) -> bool {
-        self.bulkhead.slots.holds(self.slot, self.token)
+        self.bulkhead.core.holds(self.slot, self.token)
     }
 
     fn into_owned(self, bulkhead: Arc<Bulkhead>) -> OwnedPermit {
@@ -624,7 +588,7 @@ impl Permit<'_> {
 impl Drop for Permit<'_> {
     #[inline]
     fn drop(&mut self) {
-        self.bulkhead.release(self.slot, self.token);
+        self.bulkhead.core.release(self.slot, self.token);
     }
 }
 
@@ -646,7 +610,7 @@ pub struct OwnedPermit {
 impl OwnedPermit {
     /// See [`Permit::is_current`].
     pub fn is_current(&self) -> bool {
-        self.bulkhead.slots.holds(self.slot, self.token)
+        self.bulkhead.core.holds(self.slot, self.token)
     }
 
     /// The bulkhead this permit belongs to.
@@ -655,21 +619,9 @@ impl OwnedPermit {
     }
 }
 
-impl OwnedPermit {
-    /// Releases and reports whether the release would wake a waiter, for the
-    /// loom model of wake-ups.
-    #[cfg(gendurable_loom)]
-    #[doc(hidden)]
-    pub fn model_release(self) -> bool {
-        // Dropping `self` afterwards releases again, which is a no-op: the
-        // slot no longer holds this token.
-        self.bulkhead.slots.release(self.slot, self.token) == Released::FreedWithWaiters
-    }
-}
-
 impl Drop for OwnedPermit {
     fn drop(&mut self) {
-        self.bulkhead.release(self.slot, self.token);
+        self.bulkhead.core.release(self.slot, self.token);
     }
 }
 

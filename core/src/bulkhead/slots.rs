@@ -1,83 +1,95 @@
-//! The slot protocol: admission, release, reclaim and reset on plain atomics.
+//! The slot protocol: admission, release, hand-off, reclaim and reset.
 //!
-//! # Words
+//! # Slots and tokens
 //!
 //! Each slot is one `AtomicU64` token: the deadline (in clock ticks) in the
 //! high 40 bits and a generation in the low 24. A deadline of 0 means the slot
-//! was released (or reset) and is free. A non-zero deadline in the future
-//! means the slot is held; one in the past means the holder outlived
-//! `reclaim_after` without releasing, and the slot may be reclaimed.
+//! is not held. A non-zero deadline means it is held, until that deadline.
 //!
-//! Every claim (fresh or reclaim) increments the generation, and release and
-//! reset keep it, so two holders of the same slot never hold the same token,
-//! even when they claimed it in the same tick (reset, then a new acquire).
-//! Release is a compare-and-exchange against exactly the holder's token, so a
-//! holder whose slot was reclaimed or reset changes nothing when it releases.
-//! (For a stale token to come back, the same slot would have to be claimed
-//! 2^24 times within one clock tick: impossible at tens of nanoseconds per
-//! claim and a 1 ms tick.)
+//! Every claim increments the generation, and release, reclaim and reset keep
+//! it, so two holders of the same slot never hold the same token, even when
+//! they claimed it in the same tick (reset, then a new acquire). Release,
+//! reclaim and reset are compare-and-exchanges against an exact token, so
+//! exactly one of them frees a given holding, and a holder whose slot was
+//! reclaimed or reset changes nothing when it releases. (For a stale token to
+//! come back, the same slot would have to be claimed 2^24 times within one
+//! clock tick: impossible at tens of nanoseconds per claim and a 1 ms tick.)
 //!
-//! # Capacity
+//! # The free stack
 //!
-//! Which slots are taken is tracked apart from the tokens, so that a full
-//! bulkhead is recognised without looking at the slots:
+//! Free slots form a stack (Treiber's), linked through the slots: each free
+//! slot's `link` holds the index of the slot below it and how many free slots
+//! there are from it down. The `head` word holds the index of the top slot,
+//! two flags and a 41-bit tag that every change increments:
 //!
-//! - The first 63 slots each have a bit in one `word`. Claiming one is a
-//!   single compare-and-exchange that sets a clear bit; the claimer then
-//!   writes its token into the slot it now owns. Release clears the token
-//!   first, then the bit. So an acquire and release cost three atomic
-//!   read-modify-writes in all (bit, token, bit), and "full" is one load.
-//! - Slots past the 63rd are counted in `extra`: a claimer first reserves by
-//!   incrementing the count if it is below their number, then claims any
-//!   released one of them with a compare-and-exchange on its token (one more
-//!   read-modify-write). Releases free the token before decrementing, so the
-//!   claimed slots never outnumber the count and a reservation always has a
-//!   released slot to find.
+//! - **Acquire** pops the top slot with one compare-and-exchange on `head`,
+//!   then writes its token into the slot it now owns. An empty stack is a
+//!   refusal, recognised by one load whatever the limit.
+//! - **Release** clears the token with a compare-and-exchange (so a stale
+//!   holder frees nothing), then pushes the slot with a compare-and-exchange
+//!   on `head`. An acquire and a release are three atomic read-modify-writes
+//!   in all, and the slot a thread releases is the one it takes next, still
+//!   in its cache.
 //!
-//! The top bit of both words says "someone is waiting". It lives in the very
-//! words a release modifies, so the release that frees a slot learns from the
-//! same atomic operation whether to wake anyone, and there is no window in
-//! which a waiter registers after that release yet misses the free slot.
+//! The tag makes a pop that read a stale `link` fail: the head word only
+//! repeats after 2^41 changes, which no pop stays preempted long enough to
+//! see. Held slots are `limit` minus the free count of the top slot, so the
+//! count needs no counter of its own.
 //!
-//! A reclaim moves a slot (and its bit or unit of count) from the expired
-//! holder to the new one: nothing is counted twice, and the old holder's
-//! release fails its compare-and-exchange and so gives nothing back.
+//! # Waiters
 //!
-//! # Discovering expired slots
+//! The `WAITERS` flag in `head` is set while any caller waits, and then the
+//! stack is empty: a waiter only registers when it finds no free slot (the
+//! flag is set by a compare-and-exchange from an empty head), and while the
+//! flag is set a freed slot is not pushed but handed, under the queue's lock,
+//! to the oldest waiter. A release learns about waiters from the very word it
+//! must modify to push, so it cannot miss one; a newcomer finds the stack
+//! empty and queues behind. See `waiters`.
 //!
-//! Expired slots are only looked for when the bulkhead is full
-//! (otherwise a released slot is available anyway). `earliest` holds a lower
-//! bound on the deadlines of the held slots, refreshed by each scan; while the
-//! clock is before it, a full bulkhead answers "saturated" after one clock
-//! read and one load. Once it has passed, one caller at a time scans all
-//! slots, reclaims the first expired one it finds and stores the smallest
-//! remaining deadline. A scan therefore either reclaims a slot or moves
-//! `earliest` past the current time, so scans are bounded by the number of
-//! deadlines that pass, not by the number of rejected calls.
+//! # Expiry: the alarm and the sweep
 //!
-//! Claims that a scan misses (made while it runs) can have a deadline below
-//! the stored bound; the bound is then at most "scan time + reclaim_after",
-//! so such a slot is found at most the scan's own duration later than its
-//! deadline. `earliest` only ever delays a reclaim, it never causes one.
+//! Nothing on the acquire, release or refusal path looks for expired holders.
+//! The `ARMED` flag in `head` says that an alarm is set for this bulkhead,
+//! at `alarm_at`, no later than the deadline of any held slot. The pop that
+//! finds it clear sets it in the same compare-and-exchange, and so knows it is
+//! the only holder: it sets the alarm at its own deadline, with the reaper
+//! thread (`reaper.rs`). When the alarm goes off, the reaper sweeps the slots:
+//! it reclaims every held slot whose deadline has passed (clears its token,
+//! then frees it like a release: to a waiter, or onto the stack) and sets the
+//! alarm again at the smallest remaining deadline. A sweep that finds nothing
+//! held clears `ARMED` with a compare-and-exchange that only succeeds if the
+//! stack is still entirely free, so a pop that raced it either sees `ARMED`
+//! clear (and sets the alarm) or makes the sweep keep it.
+//!
+//! `in_flight` sweeps too when the alarm is due, so it never counts a holder
+//! past its deadline. Sweeps are serialised by their own lock, and are the
+//! only scans over `limit`: at most one per alarm, off the callers' path.
 
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
 
 use super::clock::Clock;
-use super::sync::{self, AtomicBool, AtomicU64, Ordering::*};
+use super::sync::{lock, AtomicU64, Mutex, MutexGuard, Ordering::*};
+use super::waiters::{Queue, Waiter, Wake};
+use super::{reaper, BulkheadHooks};
 
 const GEN_BITS: u32 = 24;
 const GEN_MASK: u64 = (1 << GEN_BITS) - 1;
 /// Largest deadline (in ticks) that fits in a token.
 pub(crate) const MAX_TICKS: u64 = u64::MAX >> GEN_BITS;
 
-/// Set in `word` and in `extra` while anyone waits.
-const WAITERS: u64 = 1 << 63;
-/// The slot bits of `word`.
-const WORD_MASK: u64 = !WAITERS;
-/// How many slots `word` can hold.
-pub(crate) const WORD_SLOTS: usize = 63;
-/// The count bits of `extra`.
-const COUNT_MASK: u64 = u32::MAX as u64;
+/// Bits of a slot index in `head` and `link`: enough for `MAX_LIMIT` slots
+/// and the `NONE` marker.
+const INDEX_BITS: u32 = 21;
+const INDEX: u64 = (1 << INDEX_BITS) - 1;
+/// "No slot": the empty stack, the bottom of the stack.
+const NONE: u64 = INDEX;
+/// In `head`: someone waits (and the stack is empty).
+const WAITERS: u64 = 1 << INDEX_BITS;
+/// In `head`: an alarm is set no later than every held slot's deadline.
+const ARMED: u64 = 1 << (INDEX_BITS + 1);
+/// In `head`: one unit of the tag, which occupies the bits above the flags.
+const TAG_ONE: u64 = 1 << (INDEX_BITS + 2);
 
 #[inline]
 fn deadline_of(token: u64) -> u64 {
@@ -90,437 +102,604 @@ fn next_token(deadline: u64, prev: u64) -> u64 {
     (deadline << GEN_BITS) | (prev.wrapping_add(1) & GEN_MASK)
 }
 
+/// The deadline of a claim made at `now`: saturating, and never beyond what a
+/// token holds (a deadline that would not fit is never reached, which only
+/// ever delays a reclaim).
+#[inline]
+pub(crate) fn deadline(now: u64, reclaim_ticks: u64) -> u64 {
+    now.saturating_add(reclaim_ticks).min(MAX_TICKS)
+}
+
+/// `h` with top slot `top` and the tag incremented.
+#[inline]
+fn with_top(h: u64, top: u64) -> u64 {
+    (h & !INDEX).wrapping_add(TAG_ONE) | top
+}
+
+/// `h` with `flag` set or cleared and the tag incremented.
+#[inline]
+fn with_flag(h: u64, flag: u64, set: bool) -> u64 {
+    let h = if set { h | flag } else { h & !flag };
+    h.wrapping_add(TAG_ONE)
+}
+
+/// A free slot's link: the slot below it and the free slots from it down.
+#[inline]
+fn link(below: u64, free: u64) -> u64 {
+    below | free << INDEX_BITS
+}
+
 /// One slot on its own cache line. Without the padding, holders on different
 /// cores write to the same line on every acquire and release.
 #[repr(align(64))]
-struct Slot(AtomicU64);
-
-/// The words every acquire and release touches, on their own cache line so
-/// they do not share one with the read-mostly configuration.
-#[repr(align(128))]
-struct Header {
-    /// Bit i set: slot i (i < `in_word`) is claimed. Bits for slots that do not
-    /// exist are set from the start, so "full" is "all slot bits set".
-    word: AtomicU64,
-    /// How many of the slots past `in_word` are reserved (low 32 bits).
-    extra: AtomicU64,
-    /// Lower bound on the deadline of every held slot (see module docs).
-    earliest: AtomicU64,
-    /// Set while one caller scans for expired slots.
-    scanning: AtomicBool,
+struct Slot {
+    token: AtomicU64,
+    /// While free: see `link`. Only written by whoever pushes the slot.
+    link: AtomicU64,
 }
 
-/// A slot won by [`Slots::try_claim`].
+/// The word every acquire, release and refusal reads, on its own cache line.
+#[repr(align(128))]
+struct Head(AtomicU64);
+
+/// A slot won by an acquire or handed to a waiter.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Claim {
     pub(crate) slot: u32,
     pub(crate) token: u64,
-    /// The slot was taken over from a holder that outlived its deadline.
-    pub(crate) reclaimed: bool,
 }
 
-/// What a release found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Released {
-    /// The slot was freed; nobody is waiting.
-    Freed,
-    /// The slot was freed and waiters are registered: wake one.
-    FreedWithWaiters,
-    /// The slot had been reclaimed or reset; nothing changed.
-    Stale,
+/// What joining the queue gave.
+pub(crate) enum Enqueued {
+    /// A slot was free after all.
+    Claimed(Claim),
+    /// Waiting: the waiter is granted a slot, or gives up.
+    Waiting(Arc<Waiter>),
 }
 
-pub(crate) struct Slots {
-    header: Header,
+/// Everything a bulkhead shares with its permits and the reaper thread.
+pub(crate) struct Core {
+    head: Head,
     slots: Box<[Slot]>,
-    /// Slots `0..in_word` are tracked by `word`, the rest by `extra`.
-    in_word: usize,
-    /// `limit - in_word`.
-    extra_limit: u64,
     reclaim_ticks: u64,
     clock: Clock,
-    /// Registered waiters. The `WAITERS` bits mirror "this is not zero"; they
-    /// are only changed under this lock, so they never disagree with it.
-    waiters: Mutex<usize>,
-    #[cfg(all(test, not(gendurable_loom)))]
-    pub(crate) scans: std::sync::atomic::AtomicUsize,
+    pub(crate) hooks: Option<Arc<dyn BulkheadHooks>>,
+    pub(crate) wait: Option<Duration>,
+    pub(crate) reclaim_after: Duration,
+    queue: Mutex<Queue>,
+    /// When the alarm goes off, in ticks (meaningful while `ARMED`).
+    alarm_at: AtomicU64,
+    /// Held while sweeping.
+    sweeping: Mutex<()>,
+    /// For the reaper, which must not keep a bulkhead alive.
+    me: Weak<Core>,
 }
 
-impl Slots {
-    /// Tracks at most `word_slots` (normally [`WORD_SLOTS`]) slots in `word`;
-    /// tests use fewer to exercise the counted slots with small limits.
-    /// `limit` must be at least 1 and fit in 32 bits, `reclaim_ticks` at
-    /// least 1; the public constructor checks both.
-    pub(crate) fn with_word_slots(
+impl Core {
+    /// `limit` must be in `1..=MAX_LIMIT` and `reclaim_ticks` at least 1; the
+    /// public constructor checks both.
+    pub(crate) fn new(
         limit: usize,
         reclaim_ticks: u64,
         clock: Clock,
-        word_slots: usize,
-    ) -> Self {
-        debug_assert!(limit >= 1 && limit as u64 <= COUNT_MASK);
+        wait: Option<Duration>,
+        reclaim_after: Duration,
+        hooks: Option<Arc<dyn BulkheadHooks>>,
+    ) -> Arc<Core> {
+        debug_assert!(limit >= 1 && (limit as u64) < NONE);
         debug_assert!(reclaim_ticks >= 1);
-        let in_word = limit.min(word_slots).min(WORD_SLOTS);
-        let absent = WORD_MASK & !((1u64 << in_word) - 1);
-        Slots {
-            header: Header {
-                word: AtomicU64::new(absent),
-                extra: AtomicU64::new(0),
-                earliest: AtomicU64::new(0),
-                scanning: AtomicBool::new(false),
-            },
-            slots: (0..limit).map(|_| Slot(AtomicU64::new(0))).collect(),
-            in_word,
-            extra_limit: (limit - in_word) as u64,
+        let n = limit as u64;
+        Arc::new_cyclic(|me| Core {
+            // All free, slot 0 on top: a lightly used bulkhead stays on the
+            // first few slots.
+            head: Head(AtomicU64::new(0)),
+            slots: (0..n)
+                .map(|i| Slot {
+                    token: AtomicU64::new(0),
+                    link: AtomicU64::new(link(if i + 1 < n { i + 1 } else { NONE }, n - i)),
+                })
+                .collect(),
             reclaim_ticks,
             clock,
-            waiters: Mutex::new(0),
-            #[cfg(all(test, not(gendurable_loom)))]
-            scans: std::sync::atomic::AtomicUsize::new(0),
-        }
+            hooks,
+            wait,
+            reclaim_after,
+            queue: Mutex::new(Queue::default()),
+            alarm_at: AtomicU64::new(0),
+            sweeping: Mutex::new(()),
+            me: me.clone(),
+        })
     }
 
+    #[cfg(gendurable_loom)]
     pub(crate) fn clock(&self) -> &Clock {
         &self.clock
-    }
-
-    /// Claims a slot if one is free or expired.
-    ///
-    /// Only the first attempt on `word` and the refusal of a full bulkhead
-    /// are inline; a lost race, the counted slots and reclaims go out of
-    /// line. With them inline, the claim was returned through the stack,
-    /// which cost about 0.9 ns per acquire.
-    #[inline]
-    pub(crate) fn try_claim(&self) -> Option<Claim> {
-        // Read first: the clock is the slowest step and does not depend on
-        // the atomics, so the CPU can overlap it with them (reading it after
-        // the claim measured 1.5 ns slower).
-        let now = self.clock.now();
-        let word = &self.header.word;
-        let w = word.load(Relaxed);
-        let free = !w & WORD_MASK;
-        if free != 0 {
-            // The lowest free bit, rather than one remembered per thread:
-            // claiming any bit costs the same compare-and-exchange on `word`,
-            // so a per-thread starting point saves no contention here, while
-            // looking it up cost about 0.8 ns per acquire. Low bits also keep
-            // a lightly loaded bulkhead on the same few, cache-hot slots.
-            let bit = free.trailing_zeros() as usize;
-            // Acquire: pairs with the Release of whoever cleared the bit, so
-            // their release of the slot (and their work) is visible.
-            if word
-                .compare_exchange(w, w | 1 << bit, Acquire, Relaxed)
-                .is_ok()
-            {
-                return Some(self.fill(bit, now));
-            }
-        } else if self.header.extra.load(Relaxed) & COUNT_MASK >= self.extra_limit
-            && now < self.header.earliest.load(Acquire)
-        {
-            // Full, and no deadline can have passed: the usual refusal.
-            return None;
-        }
-        self.try_claim_slow(now)
-    }
-
-    /// [`try_claim`](Self::try_claim) after its first attempt lost the race
-    /// for a bit, or found `word` full but the bulkhead maybe not.
-    #[inline(never)]
-    fn try_claim_slow(&self, now: u64) -> Option<Claim> {
-        let word = &self.header.word;
-        let mut w = word.load(Relaxed);
-        loop {
-            let free = !w & WORD_MASK;
-            if free == 0 {
-                return self.try_claim_extra(now);
-            }
-            let bit = free.trailing_zeros() as usize;
-            match word.compare_exchange_weak(w, w | 1 << bit, Acquire, Relaxed) {
-                Ok(_) => return Some(self.fill(bit, now)),
-                Err(actual) => w = actual,
-            }
-        }
-    }
-
-    /// Writes our token into slot `i`, whose bit we just set.
-    #[inline]
-    fn fill(&self, i: usize, now: u64) -> Claim {
-        let slot = &self.slots[i].0;
-        // Nobody else writes a slot whose bit is set and which holds no
-        // deadline (release, reclaim and reset all leave such a slot alone,
-        // or write the same value), so a plain store is enough.
-        let token = next_token(now + self.reclaim_ticks, slot.load(Relaxed));
-        slot.store(token, Release);
-        Claim {
-            slot: i as u32,
-            token,
-            reclaimed: false,
-        }
-    }
-
-    /// `word` is full: try the counted slots, then reclaim.
-    #[inline]
-    fn try_claim_extra(&self, now: u64) -> Option<Claim> {
-        let extra = &self.header.extra;
-        let mut e = extra.load(Relaxed);
-        loop {
-            if e & COUNT_MASK >= self.extra_limit {
-                return self.try_reclaim(now);
-            }
-            // Acquire: pairs with the Release decrement of whoever freed the
-            // capacity, which makes the slot they freed visible to the search.
-            match extra.compare_exchange_weak(e, e + 1, Acquire, Relaxed) {
-                Ok(_) => return Some(self.claim_extra_slot(now)),
-                Err(actual) => e = actual,
-            }
-        }
-    }
-
-    /// Finds and claims a released slot past `in_word`, for a reservation
-    /// already counted in `extra`.
-    #[inline(never)]
-    fn claim_extra_slot(&self, now: u64) -> Claim {
-        let deadline = now + self.reclaim_ticks;
-        let (first, len) = (self.in_word, self.slots.len());
-        let mut i = sync::hint(len).max(first);
-        let mut seen = 0;
-        loop {
-            let slot = &self.slots[i].0;
-            let cur = slot.load(Relaxed);
-            // Acquire on success: pairs with the previous holder's Release.
-            if deadline_of(cur) == 0
-                && slot
-                    .compare_exchange(cur, next_token(deadline, cur), Acquire, Relaxed)
-                    .is_ok()
-            {
-                sync::set_hint(i);
-                return Claim {
-                    slot: i as u32,
-                    token: next_token(deadline, cur),
-                    reclaimed: false,
-                };
-            }
-            i += 1;
-            if i == len {
-                i = first;
-            }
-            seen += 1;
-            if seen == len - first {
-                // A released slot exists (the count guarantees it) but other
-                // reservations keep winning it; let them finish.
-                seen = 0;
-                sync::yield_now();
-            }
-        }
-    }
-
-    /// The full-bulkhead path: O(1) unless the earliest deadline has passed.
-    #[inline]
-    fn try_reclaim(&self, now: u64) -> Option<Claim> {
-        if now < self.header.earliest.load(Acquire) {
-            return None;
-        }
-        self.try_scan(now)
-    }
-
-    #[cold]
-    #[inline(never)]
-    fn try_scan(&self, now: u64) -> Option<Claim> {
-        // One scanner at a time: the others would find the same slots.
-        if self.header.scanning.swap(true, Acquire) {
-            return None;
-        }
-        let claim = self.scan(now);
-        self.header.scanning.store(false, Release);
-        claim
-    }
-
-    fn scan(&self, now: u64) -> Option<Claim> {
-        #[cfg(all(test, not(gendurable_loom)))]
-        self.scans.fetch_add(1, Relaxed);
-        let deadline = now + self.reclaim_ticks;
-        let mut claim = None;
-        // Claims this scan misses get deadlines of at most about `deadline`.
-        let mut earliest = deadline;
-        for (i, slot) in self.slots.iter().enumerate() {
-            let mut cur = slot.0.load(Acquire);
-            if claim.is_none() && deadline_of(cur) != 0 && deadline_of(cur) <= now {
-                // The slot's bit (or unit of `extra`) stays taken: it moves
-                // from the expired holder to us.
-                match slot
-                    .0
-                    .compare_exchange(cur, next_token(deadline, cur), Acquire, Acquire)
-                {
-                    Ok(_) => {
-                        claim = Some(Claim {
-                            slot: i as u32,
-                            token: next_token(deadline, cur),
-                            reclaimed: true,
-                        });
-                        continue;
-                    }
-                    // Released, reset or taken meanwhile: account for what is there now.
-                    Err(actual) => cur = actual,
-                }
-            }
-            let d = deadline_of(cur);
-            if d != 0 {
-                earliest = earliest.min(d);
-            }
-        }
-        self.header.earliest.store(earliest, Release);
-        claim
-    }
-
-    /// Gives back the capacity of slot `i`, after its token was cleared.
-    /// Returns whether waiters are registered.
-    #[inline]
-    fn uncount(&self, i: usize) -> bool {
-        let counter = if i < self.in_word {
-            &self.header.word
-        } else {
-            &self.header.extra
-        };
-        // The bit is set (only the one party that cleared the token gets
-        // here), so subtracting clears it without a borrow. Release: pairs
-        // with the next claimer's Acquire.
-        counter.fetch_sub(if i < self.in_word { 1 << i } else { 1 }, Release);
-        // Reading the flag back, rather than using the value the subtraction
-        // returns, lets the subtraction compile to a plain `lock sub`, which is
-        // measurably cheaper. It is just as safe: a load after our own write
-        // to the same word sees that write or a later one, so a waiter that
-        // registered before our write is seen, and one that registers after
-        // it sees the slot we freed.
-        counter.load(Acquire) & WAITERS != 0
-    }
-
-    /// Releases `token` from `slot`. Does nothing if the slot no longer holds
-    /// that token (it was reclaimed or reset).
-    #[inline]
-    pub(crate) fn release(&self, slot: u32, token: u64) -> Released {
-        let i = slot as usize;
-        // Release: publishes the holder's work to whoever reclaims the slot.
-        if self.slots[i]
-            .0
-            .compare_exchange(token, token & GEN_MASK, Release, Relaxed)
-            .is_err()
-        {
-            return Released::Stale;
-        }
-        // Slot first, capacity second: a claimer that sees the capacity
-        // also sees the slot released.
-        if self.uncount(i) {
-            Released::FreedWithWaiters
-        } else {
-            Released::Freed
-        }
-    }
-
-    /// Whether `slot` still holds `token` (not released, reclaimed or reset).
-    pub(crate) fn holds(&self, slot: u32, token: u64) -> bool {
-        self.slots[slot as usize].0.load(Acquire) == token
-    }
-
-    /// Frees every slot. Returns how many were held.
-    pub(crate) fn reset(&self) -> usize {
-        let mut freed = 0;
-        for (i, slot) in self.slots.iter().enumerate() {
-            // Clear the deadline, keep the generation: the next claim bumps
-            // it, so the reset holders' tokens can never match again.
-            let old = slot.0.fetch_and(GEN_MASK, AcqRel);
-            if deadline_of(old) != 0 {
-                self.uncount(i);
-                freed += 1;
-            }
-        }
-        freed
-    }
-
-    /// Held slots, counting holders past their deadline that have not been
-    /// reclaimed yet. Exact whenever no acquire or release is under way.
-    pub(crate) fn in_flight(&self) -> usize {
-        let present = (1u64 << self.in_word) - 1;
-        let word = self.header.word.load(Acquire) & present;
-        let extra = self.header.extra.load(Acquire) & COUNT_MASK;
-        word.count_ones() as usize + extra as usize
     }
 
     pub(crate) fn limit(&self) -> usize {
         self.slots.len()
     }
 
-    /// Registered waiters.
-    pub(crate) fn waiters(&self) -> usize {
-        *self.waiters.lock().unwrap_or_else(PoisonError::into_inner)
+    #[inline]
+    fn link_of(&self, i: u64) -> u64 {
+        self.slots[i as usize].link.load(Relaxed)
     }
 
-    /// Registers a waiter. From then on every release that frees a slot reports
-    /// [`Released::FreedWithWaiters`]; the waiter must try again to claim
-    /// *after* registering, or it could miss the release it waits for.
-    ///
-    /// The flag sits in the very words releases modify, so the release that
-    /// frees a slot either sees the flag or comes first, in which case the
-    /// waiter's next look sees the free slot.
-    pub(crate) fn add_waiter(&self) {
-        let mut n = self.waiters.lock().unwrap_or_else(PoisonError::into_inner);
-        if *n == 0 {
-            self.header.word.fetch_or(WAITERS, AcqRel);
-            self.header.extra.fetch_or(WAITERS, AcqRel);
-        }
-        *n += 1;
-    }
-
-    pub(crate) fn remove_waiter(&self) {
-        let mut n = self.waiters.lock().unwrap_or_else(PoisonError::into_inner);
-        *n -= 1;
-        if *n == 0 {
-            self.header.word.fetch_and(!WAITERS, AcqRel);
-            self.header.extra.fetch_and(!WAITERS, AcqRel);
+    /// Free slots on the stack whose head is `h` (`h` may be stale).
+    #[inline]
+    fn free_under(&self, h: u64) -> u64 {
+        match h & INDEX {
+            NONE => 0,
+            top => self.link_of(top) >> INDEX_BITS,
         }
     }
 
-    /// Ticks until a held slot may expire, as far as the last scan knows:
-    /// how long a waiter may sleep before it should look for a reclaim.
-    pub(crate) fn ticks_until_expiry(&self) -> u64 {
-        let earliest = self.header.earliest.load(Acquire);
-        earliest.saturating_sub(self.clock.now()).max(1)
+    // ------------------------------------------------------------ acquire
+
+    /// Claims a free slot, or says there is none. One load when there is none.
+    #[inline]
+    pub(crate) fn try_claim(&self) -> Option<Claim> {
+        let h = self.head.0.load(Acquire);
+        let top = h & INDEX;
+        if top == NONE {
+            return None;
+        }
+        let now = self.clock.now();
+        let next = self.link_of(top) & INDEX;
+        // Acquire, also on failure: pairs with the Release of the push that
+        // put the top slot there (through the release sequence of later
+        // changes to `head`), so that slot's cleared token and its link are
+        // visible. A link read after a Relaxed failure could be stale, and
+        // the next compare-and-exchange would then succeed with it.
+        match self
+            .head
+            .0
+            .compare_exchange(h, with_top(h, next) | ARMED, Acquire, Acquire)
+        {
+            Ok(_) => Some(self.fill(top as usize, now, h & ARMED != 0)),
+            Err(actual) => self.try_claim_slow(actual),
+        }
+    }
+
+    /// [`try_claim`](Self::try_claim) after its compare-and-exchange lost a
+    /// race; `h` was read with Acquire.
+    #[inline(never)]
+    fn try_claim_slow(&self, mut h: u64) -> Option<Claim> {
+        loop {
+            let top = h & INDEX;
+            if top == NONE {
+                return None;
+            }
+            let next = self.link_of(top) & INDEX;
+            match self
+                .head
+                .0
+                .compare_exchange_weak(h, with_top(h, next) | ARMED, Acquire, Acquire)
+            {
+                Ok(_) => return Some(self.fill(top as usize, self.clock.now(), h & ARMED != 0)),
+                Err(actual) => h = actual,
+            }
+        }
+    }
+
+    /// Writes a fresh token into slot `i`, which the caller owns (it popped
+    /// it, or hands it to a waiter), and sets the alarm unless `armed`.
+    #[inline]
+    fn fill(&self, i: usize, now: u64, armed: bool) -> Claim {
+        let word = &self.slots[i].token;
+        let deadline = deadline(now, self.reclaim_ticks);
+        // Nobody else writes a slot that is off the stack and holds no
+        // deadline (release, reclaim and reset only act on a deadline), so a
+        // plain store is enough.
+        let token = next_token(deadline, word.load(Relaxed));
+        word.store(token, Release);
+        if !armed {
+            self.arm(deadline);
+        }
+        Claim {
+            slot: i as u32,
+            token,
+        }
+    }
+
+    /// Sets the alarm: called by the pop that found `ARMED` clear, and so is
+    /// the only holder; its deadline is the earliest.
+    #[cold]
+    #[inline(never)]
+    fn arm(&self, at: u64) {
+        self.alarm_at.store(at, Release);
+        reaper::schedule(at, self.me.clone());
+    }
+
+    // ------------------------------------------------------------ release
+
+    /// Releases `token` from `slot`. Does nothing and returns false if the
+    /// slot no longer holds that token (it was reclaimed or reset).
+    #[inline]
+    pub(crate) fn release(&self, slot: u32, token: u64) -> bool {
+        let i = slot as usize;
+        // Release: publishes the holder's work to whoever takes the slot next.
+        if self.slots[i]
+            .token
+            .compare_exchange(token, token & GEN_MASK, Release, Relaxed)
+            .is_err()
+        {
+            return false;
+        }
+        self.free(i);
+        true
+    }
+
+    /// Gives slot `i`, whose token was just cleared by the caller, to the
+    /// oldest waiter or back to the stack.
+    #[inline]
+    fn free(&self, i: usize) {
+        let h = self.head.0.load(Acquire);
+        if h & WAITERS == 0 {
+            self.set_link(i, h);
+            // Release: the pop that takes the slot sees the cleared token and
+            // the link.
+            if self
+                .head
+                .0
+                .compare_exchange(h, with_top(h, i as u64), Release, Relaxed)
+                .is_ok()
+            {
+                return;
+            }
+        }
+        self.free_slow(i);
+    }
+
+    /// Links slot `i` above the top of `h`.
+    #[inline]
+    fn set_link(&self, i: usize, h: u64) {
+        let link = link(h & INDEX, self.free_under(h) + 1);
+        self.slots[i].link.store(link, Relaxed);
+    }
+
+    /// [`free`](Self::free) after its push lost a race, or found waiters.
+    #[cold]
+    #[inline(never)]
+    fn free_slow(&self, i: usize) {
+        let mut h = self.head.0.load(Acquire);
+        while h & WAITERS == 0 {
+            self.set_link(i, h);
+            match self
+                .head
+                .0
+                .compare_exchange_weak(h, with_top(h, i as u64), Release, Acquire)
+            {
+                Ok(_) => return,
+                Err(actual) => h = actual,
+            }
+        }
+        self.hand_off(i);
+    }
+
+    /// Gives slot `i` to the oldest waiter, or pushes it if nobody waits any
+    /// more.
+    fn hand_off(&self, i: usize) {
+        let mut queue = self.lock_queue();
+        loop {
+            let h = self.head.0.load(Acquire);
+            if h & WAITERS != 0 {
+                if let Some(waiter) = queue.pop_oldest() {
+                    // The slot was held, so `ARMED` is set and its alarm is no
+                    // later than the new deadline.
+                    waiter.grant(self.fill(i, self.clock.now(), true));
+                    if queue.live() == 0 {
+                        self.set_waiters(false);
+                    }
+                    drop(queue);
+                    waiter.wake();
+                    return;
+                }
+                // The flag is only set while a live waiter is queued.
+                debug_assert!(false, "WAITERS set with no live waiter");
+                self.set_waiters(false);
+                continue;
+            }
+            self.set_link(i, h);
+            if self
+                .head
+                .0
+                .compare_exchange(h, with_top(h, i as u64), Release, Relaxed)
+                .is_ok()
+            {
+                return;
+            }
+        }
+    }
+
+    // ------------------------------------------------------------ waiting
+
+    fn lock_queue(&self) -> MutexGuard<'_, Queue> {
+        lock(&self.queue)
+    }
+
+    /// Sets or clears `WAITERS`. Under the queue's lock, which every change of
+    /// the flag holds; while it is set the stack is empty and stays so (frees
+    /// go to waiters, under this lock), so only a stale push can race this,
+    /// and it fails.
+    fn set_waiters(&self, set: bool) {
+        let mut h = self.head.0.load(Relaxed);
+        loop {
+            match self
+                .head
+                .0
+                .compare_exchange_weak(h, with_flag(h, WAITERS, set), AcqRel, Relaxed)
+            {
+                Ok(_) => return,
+                Err(actual) => h = actual,
+            }
+        }
+    }
+
+    /// Joins the back of the queue, unless a slot is free by now.
+    pub(crate) fn enqueue(&self, wake: Wake) -> Enqueued {
+        let mut queue = self.lock_queue();
+        let mut h = self.head.0.load(Acquire);
+        loop {
+            let top = h & INDEX;
+            if top != NONE {
+                // A slot came free (so nobody waits): take it.
+                let next = self.link_of(top) & INDEX;
+                match self
+                    .head
+                    .0
+                    .compare_exchange(h, with_top(h, next) | ARMED, Acquire, Acquire)
+                {
+                    Ok(_) => {
+                        drop(queue);
+                        let now = self.clock.now();
+                        return Enqueued::Claimed(self.fill(top as usize, now, h & ARMED != 0));
+                    }
+                    Err(actual) => h = actual,
+                }
+                continue;
+            }
+            // Empty. Set the flag from exactly this head: a push in between
+            // makes it fail, and we take that slot instead.
+            if h & WAITERS == 0 {
+                if let Err(actual) =
+                    self.head
+                        .0
+                        .compare_exchange(h, with_flag(h, WAITERS, true), AcqRel, Acquire)
+                {
+                    h = actual;
+                    continue;
+                }
+            }
+            let waiter = Arc::new(Waiter::new(wake));
+            queue.push(Arc::clone(&waiter));
+            return Enqueued::Waiting(waiter);
+        }
+    }
+
+    /// Leaves the queue. If a permit was granted meanwhile, returns it: the
+    /// caller owns it.
+    pub(crate) fn cancel(&self, waiter: &Waiter) -> Option<Claim> {
+        let mut queue = self.lock_queue();
+        if let Some(claim) = waiter.granted() {
+            return Some(claim);
+        }
+        waiter.cancel();
+        if queue.remove_one() {
+            self.set_waiters(false);
+        }
+        None
+    }
+
+    /// Callers waiting right now.
+    pub(crate) fn waiting(&self) -> usize {
+        self.lock_queue().live()
+    }
+
+    // ------------------------------------------------------------ expiry
+
+    /// Whether the alarm is due at `now`, so that a holder may have expired.
+    #[inline]
+    fn due(&self, now: u64) -> bool {
+        self.head.0.load(Acquire) & ARMED != 0 && self.alarm_at.load(Acquire) <= now
+    }
+
+    /// Called by the reaper when the alarm set for `at` goes off.
+    #[cfg_attr(gendurable_loom, allow(dead_code))]
+    pub(crate) fn on_alarm(&self, at: u64) {
+        self.sweep(Some(at));
+    }
+
+    /// If the alarm is due (and is the one set for `expected`, when given),
+    /// reclaims every expired holder and sets the next alarm. Returns how many
+    /// holders were reclaimed.
+    pub(crate) fn sweep(&self, expected: Option<u64>) -> usize {
+        let reclaimed = {
+            let _sweeping = lock(&self.sweeping);
+            let now = self.clock.now();
+            let at = self.alarm_at.load(Acquire);
+            if !self.due(now) || expected.is_some_and(|e| e != at) {
+                // Stale (swept already, or disarmed) or not due yet.
+                return 0;
+            }
+            self.sweep_locked(now)
+        };
+        if let Some(hooks) = &self.hooks {
+            for _ in 0..reclaimed {
+                hooks.on_reclaimed();
+            }
+        }
+        reclaimed
+    }
+
+    fn sweep_locked(&self, now: u64) -> usize {
+        // Claims this sweep misses (made while it runs) have deadlines of at
+        // least about this.
+        let mut earliest = deadline(now, self.reclaim_ticks);
+        let mut reclaimed = 0;
+        let mut held = false;
+        for (i, slot) in self.slots.iter().enumerate() {
+            let mut cur = slot.token.load(Acquire);
+            loop {
+                let d = deadline_of(cur);
+                if d == 0 {
+                    break;
+                }
+                if d > now {
+                    held = true;
+                    earliest = earliest.min(d);
+                    break;
+                }
+                // Acquire: the expired holder's release, had it come first,
+                // would have published its work; we take the slot over.
+                match slot
+                    .token
+                    .compare_exchange(cur, cur & GEN_MASK, AcqRel, Acquire)
+                {
+                    Ok(_) => {
+                        reclaimed += 1;
+                        self.free(i);
+                        break;
+                    }
+                    // Released, reset or reclaimed by someone else meanwhile:
+                    // look at what is there now.
+                    Err(actual) => cur = actual,
+                }
+            }
+        }
+        if !held && self.try_disarm() {
+            return reclaimed;
+        }
+        // At least one tick on, and spaced by eight times what this sweep
+        // took, so that sweeps of a very large bulkhead whose deadlines keep
+        // passing take at most a ninth of the reaper's time.
+        let done = self.clock.now();
+        let spacing = done.saturating_sub(now).saturating_mul(8);
+        let next = earliest.max(done.saturating_add(1).saturating_add(spacing));
+        self.alarm_at.store(next, Release);
+        reaper::schedule(next, self.me.clone());
+        reclaimed
+    }
+
+    /// Clears `ARMED` if no slot is held (every slot is on the stack).
+    /// Fails if a pop got in first: that holder needs the alarm.
+    fn try_disarm(&self) -> bool {
+        let limit = self.slots.len() as u64;
+        let mut h = self.head.0.load(Acquire);
+        loop {
+            if self.free_under(h) != limit {
+                return false;
+            }
+            match self
+                .head
+                .0
+                .compare_exchange(h, with_flag(h, ARMED, false), AcqRel, Acquire)
+            {
+                Ok(_) => return true,
+                Err(actual) => h = actual,
+            }
+        }
+    }
+
+    // ------------------------------------------------------------ the rest
+
+    /// Held slots, after reclaiming any holder past its deadline. Exact
+    /// whenever no acquire or release is under way.
+    pub(crate) fn in_flight(&self) -> usize {
+        if self.due(self.clock.now()) {
+            self.sweep(None);
+        }
+        let limit = self.slots.len();
+        loop {
+            let h = self.head.0.load(Acquire);
+            let free = self.free_under(h);
+            // The link read belongs to this head only if the head is unchanged.
+            if self.head.0.load(Acquire) == h {
+                return limit - free as usize;
+            }
+        }
+    }
+
+    /// Whether `slot` still holds `token` (not released, reclaimed or reset).
+    pub(crate) fn holds(&self, slot: u32, token: u64) -> bool {
+        self.slots[slot as usize].token.load(Acquire) == token
+    }
+
+    /// Frees every held slot. Returns how many were held.
+    pub(crate) fn reset(&self) -> usize {
+        let mut freed = 0;
+        for (i, slot) in self.slots.iter().enumerate() {
+            let mut cur = slot.token.load(Acquire);
+            while deadline_of(cur) != 0 {
+                // Clear the deadline, keep the generation: the next claim
+                // bumps it, so the reset holder's token can never match again.
+                match slot
+                    .token
+                    .compare_exchange(cur, cur & GEN_MASK, AcqRel, Acquire)
+                {
+                    Ok(_) => {
+                        freed += 1;
+                        self.free(i);
+                        break;
+                    }
+                    Err(actual) => cur = actual,
+                }
+            }
+        }
+        freed
+    }
+
+    /// Whether an alarm is set, for the loom model.
+    #[cfg(gendurable_loom)]
+    pub(crate) fn armed(&self) -> bool {
+        self.head.0.load(Acquire) & ARMED != 0
     }
 }
 
 #[cfg(all(test, not(gendurable_loom)))]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
-    fn slots(limit: usize) -> Slots {
-        Slots::with_word_slots(limit, 1_000_000, Clock::new(), WORD_SLOTS)
+    fn core(limit: usize, reclaim_ticks: u64) -> Arc<Core> {
+        Core::new(
+            limit,
+            reclaim_ticks,
+            Clock::new(),
+            None,
+            Duration::from_secs(1),
+            None,
+        )
     }
 
     #[test]
-    fn counted_slots_take_over_when_the_word_is_full() {
-        for word_slots in [0, 1, 2, 3] {
-            let s = Slots::with_word_slots(3, 1_000_000, Clock::new(), word_slots);
-            let claims: Vec<_> = (0..3).map(|_| s.try_claim().unwrap()).collect();
-            assert_eq!(s.in_flight(), 3);
-            assert!(s.try_claim().is_none());
+    fn every_slot_is_handed_out_once_then_the_stack_is_empty() {
+        for limit in [1, 2, 3, 64, 1000] {
+            let c = core(limit, 1_000_000);
+            let claims: Vec<_> = (0..limit).map(|_| c.try_claim().unwrap()).collect();
+            assert_eq!(c.in_flight(), limit);
+            assert!(c.try_claim().is_none());
             let mut slots: Vec<_> = claims.iter().map(|c| c.slot).collect();
             slots.sort();
-            assert_eq!(slots, [0, 1, 2]);
-            for c in claims {
-                assert_eq!(s.release(c.slot, c.token), Released::Freed);
+            slots.dedup();
+            assert_eq!(slots.len(), limit);
+            for claim in claims {
+                assert!(c.release(claim.slot, claim.token));
             }
-            assert_eq!(s.in_flight(), 0);
+            assert_eq!(c.in_flight(), 0);
+            assert!(!c.release(0, 0));
         }
     }
 
     #[test]
-    fn limits_past_the_word_are_exact() {
-        let s = slots(200);
-        let claims: Vec<_> = (0..200).map(|_| s.try_claim().unwrap()).collect();
-        assert_eq!(s.in_flight(), 200);
-        assert!(s.try_claim().is_none());
-        for c in claims {
-            s.release(c.slot, c.token);
-        }
-        assert_eq!(s.in_flight(), 0);
+    fn the_slot_released_last_is_taken_first() {
+        let c = core(8, 1_000_000);
+        let a = c.try_claim().unwrap();
+        let b = c.try_claim().unwrap();
+        c.release(a.slot, a.token);
+        assert_eq!(c.try_claim().unwrap().slot, a.slot);
+        c.release(b.slot, b.token);
+        assert_eq!(c.try_claim().unwrap().slot, b.slot);
     }
 
     #[test]
@@ -540,32 +719,39 @@ mod tests {
     }
 
     #[test]
-    fn full_bulkhead_does_not_rescan_before_the_earliest_deadline() {
-        let s = slots(64);
-        let claims: Vec<_> = (0..64).map(|_| s.try_claim().unwrap()).collect();
-        assert!(s.try_claim().is_none());
-        let after_first = s.scans.load(Relaxed);
-        assert!(after_first <= 1);
-        for _ in 0..1000 {
-            assert!(s.try_claim().is_none());
-        }
-        assert_eq!(s.scans.load(Relaxed), after_first, "rejections scanned");
-        for c in claims {
-            assert_eq!(s.release(c.slot, c.token), Released::Freed);
-        }
-        assert_eq!(s.in_flight(), 0);
+    fn deadlines_saturate_instead_of_overflowing() {
+        assert_eq!(deadline(u64::MAX - 1, 10), MAX_TICKS);
+        assert_eq!(deadline(MAX_TICKS - 5, 10), MAX_TICKS);
+        assert_eq!(deadline(5, 10), 15);
+        assert_eq!(deadline_of(next_token(MAX_TICKS, 0)), MAX_TICKS);
     }
 
     #[test]
-    fn waiters_are_reported_by_release() {
-        let s = slots(1);
-        let c = s.try_claim().unwrap();
-        s.add_waiter();
-        assert_eq!(s.waiters(), 1);
-        assert_eq!(s.release(c.slot, c.token), Released::FreedWithWaiters);
-        s.remove_waiter();
-        let c = s.try_claim().unwrap();
-        assert_eq!(s.release(c.slot, c.token), Released::Freed);
-        assert_eq!(s.release(c.slot, c.token), Released::Stale);
+    fn the_tag_wraps_without_touching_index_or_flags() {
+        let h = !INDEX | 5;
+        let n = with_top(h, 7);
+        assert_eq!(n & INDEX, 7);
+        assert_eq!(n & (WAITERS | ARMED), WAITERS | ARMED);
+        assert_eq!(n >> (INDEX_BITS + 2), 0);
+        let f = with_flag(n, WAITERS, false);
+        assert_eq!(f & (WAITERS | ARMED | INDEX), ARMED | 7);
+    }
+
+    #[test]
+    fn the_first_pop_arms_and_a_sweep_with_nothing_held_disarms() {
+        let c = core(2, 1);
+        assert_eq!(c.head.0.load(Relaxed) & ARMED, 0);
+        let a = c.try_claim().unwrap();
+        assert_ne!(c.head.0.load(Relaxed) & ARMED, 0);
+        c.release(a.slot, a.token);
+        // Still armed until a sweep finds nothing held.
+        assert_ne!(c.head.0.load(Relaxed) & ARMED, 0);
+        let give_up = std::time::Instant::now() + Duration::from_secs(20);
+        while c.head.0.load(Relaxed) & ARMED != 0 {
+            c.sweep(None);
+            assert!(std::time::Instant::now() < give_up, "never disarmed");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(c.in_flight(), 0);
     }
 }
