@@ -22,7 +22,8 @@
 --   reconciler free, and rate-parked rows whose limit allows starts again.
 --
 -- pick() is restated from 20261201000007: its window no longer filters
--- blocked rows (it parks them), and it writes the parking.
+-- blocked rows; it takes the window in a statement of its own and, after
+-- its claims, parks the window's rows it found blocked.
 
 ALTER TABLE instances ADD COLUMN parked text;
 ALTER TABLE instances ADD CONSTRAINT instances_parked_check CHECK (parked IN ('key', 'rate'));
@@ -39,6 +40,8 @@ CREATE INDEX instances_heads ON instances (concurrency_key)
     WHERE status = 'available' AND parked IS NULL AND concurrency_key IS NOT NULL;
 CREATE INDEX instances_parked_rate ON instances (rate_key, priority, scheduled_at, id)
     WHERE status = 'available' AND parked = 'rate';
+CREATE INDEX instances_rate_heads ON instances (rate_key)
+    WHERE status = 'available' AND parked IS NULL AND rate_key IS NOT NULL;
 
 -- The room each key has for rows to wait unparked: its K (a gate's limit,
 -- from the caller's configuration; 1 otherwise) minus its executing rows and
@@ -62,6 +65,34 @@ AS $$
                                            AND a.concurrency_key = k.key LIMIT k.cap) x), 0)::integer
     FROM (SELECT d.key, coalesce(gate_limits[array_position(gate_names, split_part(d.key, ':', 1))], 1) AS cap
           FROM (SELECT DISTINCT unnest(keys) AS key) d) k
+$$;
+
+-- The room each rate-limit key has for rows to wait unparked: the starts its
+-- limit allows now (GCRA, as the pick computes it; a name not configured:
+-- `lim`) minus the rows already waiting unparked, counted up to `lim`.
+CREATE FUNCTION rate_room(keys text[], lim integer,
+                          rate_names text[], rate_intervals float8[], rate_tolerances float8[])
+RETURNS TABLE (key text, room integer)
+LANGUAGE sql STABLE
+SET search_path FROM CURRENT
+SET jit = off
+AS $$
+    SELECT k.key, greatest(k.allowed
+               - (SELECT count(*) FROM (SELECT 1 FROM instances a
+                                         WHERE a.status = 'available' AND a.parked IS NULL
+                                           AND a.rate_key = k.key LIMIT lim) x), 0)::integer
+    FROM (SELECT d.key,
+                 CASE WHEN d.ri IS NULL THEN lim
+                      ELSE least(lim, coalesce(
+                          (SELECT CASE WHEN greatest(rs.tat, now()) <= now() + make_interval(secs => rate_tolerances[d.ri])
+                                       THEN floor((extract(epoch FROM now() - greatest(rs.tat, now()))::float8
+                                                   + rate_tolerances[d.ri]) / rate_intervals[d.ri] + 1e-9)::integer + 1
+                                       ELSE 0 END
+                           FROM rate_state rs WHERE rs.key = d.key),
+                          floor(rate_tolerances[d.ri] / rate_intervals[d.ri] + 1e-9)::integer + 1))
+                 END AS allowed
+          FROM (SELECT u.key, array_position(rate_names, split_part(u.key, ':', 1)) AS ri
+                FROM (SELECT DISTINCT unnest(keys) AS key) u) d) k
 $$;
 
 -- Unpark the next rows of `keys`, in key order, as far as each key has room,
@@ -135,23 +166,12 @@ BEGIN
                 WHERE i.status = 'available' AND i.parked = 'rate' AND i.rate_key > k.key
                 ORDER BY i.rate_key LIMIT 1)
         FROM k WHERE k.key IS NOT NULL
-    ), rk AS (
-        SELECT k.key, array_position(rate_names, split_part(k.key, ':', 1)) AS ri
-        FROM (SELECT key FROM k WHERE key IS NOT NULL LIMIT lim) k
     ), allow AS (
-        -- As the pick's GCRA (see pick), read without locking: the pick
-        -- decides; this only puts rows where it can see them.
-        SELECT k.key,
-               CASE WHEN k.ri IS NULL THEN lim
-                    ELSE coalesce(
-                        (SELECT CASE WHEN greatest(rs.tat, now()) <= now() + make_interval(secs => rate_tolerances[k.ri])
-                                     THEN floor((extract(epoch FROM now() - greatest(rs.tat, now()))::float8
-                                                 + rate_tolerances[k.ri]) / rate_intervals[k.ri] + 1e-9)::integer + 1
-                                     ELSE 0 END
-                         FROM rate_state rs WHERE rs.key = k.key),
-                        floor(rate_tolerances[k.ri] / rate_intervals[k.ri] + 1e-9)::integer + 1)
-               END AS n
-        FROM rk k
+        -- What the limits allow now; the pick decides, this only puts rows
+        -- where it can see them.
+        SELECT r.key, r.room AS n
+        FROM rate_room((SELECT array_agg(key) FROM (SELECT key FROM k WHERE key IS NOT NULL LIMIT lim) x),
+                       lim, rate_names, rate_intervals, rate_tolerances) r
     ), c AS (
         SELECT p.id FROM allow a CROSS JOIN LATERAL (
             SELECT i.id FROM instances i
@@ -178,29 +198,47 @@ SET search_path FROM CURRENT
 SET plan_cache_mode = force_generic_plan
 SET jit = off
 AS $$
+DECLARE
+    -- The window, column by column.
+    w_id bigint[];
+    w_priority smallint[];
+    w_at timestamptz[];
+    w_key text[];
+    w_rate text[];
+    w_attempt integer[];
+    limited boolean;
 BEGIN
+    -- (1) The window: the queue's next rows, locked. Parked rows are not in
+    -- the index it walks.
+    SELECT array_agg(w.id), array_agg(w.priority), array_agg(w.scheduled_at), array_agg(w.concurrency_key),
+           array_agg(w.rate_key), array_agg(w.attempt),
+           bool_or(w.concurrency_key IS NOT NULL OR w.rate_key IS NOT NULL)
+    INTO w_id, w_priority, w_at, w_key, w_rate, w_attempt, limited
+    FROM (SELECT i.id, i.priority, i.scheduled_at, i.concurrency_key, i.rate_key, i.attempt
+          FROM instances i
+          WHERE i.queue = $1 AND i.status = 'available' AND i.parked IS NULL AND i.node IS NULL
+            AND i.workflow = ANY ($4::text[])
+          ORDER BY i.priority, i.scheduled_at, i.id
+          LIMIT $3
+          FOR UPDATE OF i SKIP LOCKED) w;
+    IF w_id IS NULL THEN
+        RETURN;
+    END IF;
+
+    -- (2) Admit and claim (phases as in 20261130000002).
     RETURN QUERY
     WITH win AS MATERIALIZED (
-        SELECT i.id, i.priority, i.scheduled_at, i.concurrency_key AS ckey, i.rate_key AS rkey, i.attempt,
-               array_position($6::text[], split_part(i.concurrency_key, ':', 1)) AS gi,
-               array_position($9::text[], split_part(i.rate_key, ':', 1)) AS ri
-        FROM instances i
-        WHERE i.queue = $1 AND i.status = 'available' AND i.parked IS NULL AND i.node IS NULL
-          AND i.workflow = ANY ($4::text[])
-        ORDER BY i.priority, i.scheduled_at, i.id
-        LIMIT $3
-        FOR UPDATE OF i SKIP LOCKED
+        SELECT w.*,
+               array_position($6::text[], split_part(w.ckey, ':', 1)) AS gi,
+               array_position($9::text[], split_part(w.rkey, ':', 1)) AS ri
+        FROM unnest(w_id, w_priority, w_at, w_key, w_rate, w_attempt)
+             AS w(id, priority, scheduled_at, ckey, rkey, attempt)
     ), ranked AS MATERIALIZED (
-        -- Whether the row's key is blocked, as this statement's snapshot sees
-        -- it: its K = 1 key executing, or its gate's free slots.
         SELECT w.*, row_number() OVER (PARTITION BY w.ckey ORDER BY w.priority, w.scheduled_at, w.id) AS krank,
                (w.ckey IS NOT NULL AND w.gi IS NULL
                 AND EXISTS (SELECT 1 FROM instances e
                             WHERE e.status = 'executing' AND e.gate_shard IS NULL
-                              AND e.concurrency_key = w.ckey)) AS k1busy,
-               CASE WHEN w.gi IS NOT NULL
-                    THEN coalesce((SELECT sum(s.available) FROM gate_slots s WHERE s.key = w.ckey), $7[w.gi])
-               END AS gfree
+                              AND e.concurrency_key = w.ckey)) AS k1busy
         FROM win w
     ), gkeys AS MATERIALIZED (
         SELECT DISTINCT ckey, gi FROM ranked WHERE gi IS NOT NULL
@@ -232,7 +270,7 @@ BEGIN
           AND may_mint_rate(k.rkey)
     ), rallow AS MATERIALIZED (
         -- GCRA: a start at t conforms while tat <= t + tolerance; each takes one interval.
-        SELECT k.rkey, m.rkey IS NOT NULL AS fresh, (l.key IS NOT NULL OR m.rkey IS NOT NULL) AS known,
+        SELECT k.rkey, m.rkey IS NOT NULL AS fresh,
                CASE WHEN m.rkey IS NOT NULL THEN floor($11[k.ri] / $10[k.ri] + 1e-9)::integer + 1
                     WHEN l.key IS NULL THEN 0
                     WHEN greatest(l.tat, now()) <= now() + make_interval(secs => $11[k.ri])
@@ -308,30 +346,6 @@ BEGIN
         FROM rdebit d JOIN rlocked l ON l.key = d.rkey
         WHERE NOT d.rfresh AND rs.key = d.rkey
         RETURNING 1
-    ), parking AS (
-        -- Rows of the window that cannot run now and will not until their key
-        -- frees a slot (its K = 1 key executes, or this pick takes it; its
-        -- gate has no slot left after this pick) or their rate limit allows
-        -- the next start: parked, out of the pick's index, until an outcome,
-        -- the sweeper or the rate limit unparks them (see unpark_keys).
-        SELECT r.id,
-               CASE WHEN r.ckey IS NOT NULL
-                         AND CASE WHEN r.gi IS NULL
-                                  THEN r.k1busy OR EXISTS (SELECT 1 FROM chosen c WHERE c.ckey = r.ckey)
-                                  ELSE r.gfree - (SELECT count(*) FROM chosen c WHERE c.ckey = r.ckey) <= 0
-                             END
-                    THEN 'key'
-                    WHEN c.rrank > a.allowed AND a.known THEN 'rate'
-               END AS why
-        FROM ranked r
-        LEFT JOIN cand c ON c.id = r.id
-        LEFT JOIN rallow a ON a.rkey = c.rkey
-        WHERE NOT EXISTS (SELECT 1 FROM chosen x WHERE x.id = r.id)
-    ), benched AS (
-        UPDATE instances i SET parked = p.why
-        FROM parking p
-        WHERE i.id = p.id AND p.why IS NOT NULL
-        RETURNING 1
     ), claimed AS (
         UPDATE instances i
         SET status = 'executing', node = $5, attempt = c.attempt + 1, attempted_at = now(),
@@ -348,6 +362,65 @@ BEGIN
            gate_shard, rate_key, wake, token
     FROM claimed
     ORDER BY priority, scheduled_at, id;
+
+    -- (3) Park the rows of the window that cannot run now, as a fresh
+    -- snapshot sees them after this pick's claims and debits: a K = 1 key
+    -- executing, a gate with no slot left, a rate limit with no start left.
+    -- With them go the other rows of those keys still in the pick's index
+    -- (up to 10,000 a key): a key without room has no rows waiting unparked.
+    -- They stay out of the pick's index until unparked (see unpark_keys).
+    IF limited THEN
+        WITH b AS (
+            SELECT x.id, x.concurrency_key, x.rate_key,
+                   CASE WHEN x.concurrency_key IS NOT NULL
+                             AND CASE WHEN array_position($6::text[], split_part(x.concurrency_key, ':', 1)) IS NULL
+                                      THEN EXISTS (SELECT 1 FROM instances e
+                                                   WHERE e.status = 'executing' AND e.gate_shard IS NULL
+                                                     AND e.concurrency_key = x.concurrency_key)
+                                      ELSE (SELECT sum(s.available) FROM gate_slots s
+                                            WHERE s.key = x.concurrency_key) = 0
+                                 END
+                        THEN 'key'
+                        WHEN x.rate_key IS NOT NULL
+                             AND EXISTS (SELECT 1 FROM rate_state rs
+                                         WHERE rs.key = x.rate_key
+                                           AND rs.tat > now() + make_interval(secs =>
+                                               $11[array_position($9::text[], split_part(x.rate_key, ':', 1))]))
+                        THEN 'rate'
+                   END AS why
+            -- One primary-key probe per window row, whatever the generic
+            -- plan would guess about the partial indexes (OFFSET 0 keeps the
+            -- probe from being flattened into a scan of instances_pick).
+            FROM unnest(w_id) AS u(id)
+            CROSS JOIN LATERAL (SELECT * FROM instances y WHERE y.id = u.id OFFSET 0) x
+            WHERE x.status = 'available' AND x.node IS NULL AND x.parked IS NULL
+        ), more AS (
+            SELECT m.id, 'key' AS why
+            FROM (SELECT DISTINCT concurrency_key AS key FROM b WHERE why = 'key') k
+            CROSS JOIN LATERAL (
+                SELECT i.id FROM instances i
+                WHERE i.concurrency_key = k.key AND i.status = 'available' AND i.parked IS NULL
+                  AND i.node IS NULL
+                LIMIT 10000
+                FOR UPDATE SKIP LOCKED) m
+            UNION
+            SELECT m.id, 'rate'
+            FROM (SELECT DISTINCT rate_key AS key FROM b WHERE why = 'rate') k
+            CROSS JOIN LATERAL (
+                SELECT i.id FROM instances i
+                WHERE i.rate_key = k.key AND i.status = 'available' AND i.parked IS NULL
+                  AND i.node IS NULL
+                LIMIT 10000
+                FOR UPDATE SKIP LOCKED) m
+        ), todo AS (
+            SELECT DISTINCT ON (id) id, why FROM (SELECT id, why FROM b WHERE why IS NOT NULL
+                                                  UNION ALL SELECT id, why FROM more) t
+            ORDER BY id, why
+        )
+        UPDATE instances i SET parked = t.why
+        FROM todo t
+        WHERE i.id = t.id;
+    END IF;
 END
 $$;
 

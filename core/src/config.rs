@@ -208,6 +208,16 @@ impl EngineConfig {
         (names, limits)
     }
 
+    /// The configured rate limits as the SQL functions take them: names,
+    /// GCRA intervals and tolerances in seconds.
+    pub(crate) fn rate_arrays(&self) -> (Vec<String>, Vec<f64>, Vec<f64>) {
+        (
+            self.rates.keys().cloned().collect(),
+            self.rates.values().map(|r| r.interval_secs()).collect(),
+            self.rates.values().map(|r| r.tolerance_secs()).collect(),
+        )
+    }
+
     pub fn rate_for(&self, key: &str) -> Option<(&str, &RateConfig)> {
         self.rates
             .get_key_value(validate::key_name(key))

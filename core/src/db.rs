@@ -29,6 +29,7 @@ pub(crate) struct Sql {
     pub next_ids: String,
     pub copy_in: String,
     pub key_room: String,
+    pub rate_room: String,
     pub unpark_sweep: String,
 }
 
@@ -63,6 +64,8 @@ impl Sql {
                                               rate_key, max_attempts, status, parked) FROM STDIN"),
             // $1 keys, $2/$3 gate names and limits (see the parking migration).
             key_room: q("SELECT key, room FROM __S__.key_room($1, $2, $3)"),
+            // $1 rate keys, $2 most rows to count, $3/$4/$5 rate limits.
+            rate_room: q("SELECT key, room FROM __S__.rate_room($1, $2, $3, $4, $5)"),
             unpark_sweep: q("SELECT unparked, last_key FROM __S__.unpark_sweep($1, $2, $3, $4, $5, $6, $7, $8, $9)"),
             insert: q(include_str!("sql/insert.sql")),
             // Outcomes, handovers and claims (see the migration defining it).

@@ -143,6 +143,7 @@ where
         _ => None,
     };
     let (gate_names, gate_limits) = inner.cfg.gate_arrays();
+    let (rate_names, rate_intervals, rate_tolerances) = inner.cfg.rate_arrays();
     let result = sqlx::query(&inner.sql.insert)
         .bind(rows.workflow)
         .bind(rows.step)
@@ -159,6 +160,9 @@ where
         .bind(&inner.cfg.node_id)
         .bind(gate_names)
         .bind(gate_limits)
+        .bind(rate_names)
+        .bind(rate_intervals)
+        .bind(rate_tolerances)
         .fetch_all(executor)
         .await;
     // Rows come back in input order; the started ones with their state.
@@ -242,7 +246,7 @@ pub(crate) async fn copy(inner: &Inner, pool: &PgPool, rows: Rows) -> Result<Vec
             }
             data.push('\t');
         }
-        let parked = if parked[i] { "key" } else { "\\N" };
+        let parked = parked[i].unwrap_or("\\N");
         let _ = writeln!(data, "{}\tavailable\t{parked}", rows.max_attempts[i]);
     }
     let mut copy = tx.copy_in_raw(&inner.sql.copy_in).await?;
@@ -263,41 +267,68 @@ pub(crate) async fn copy(inner: &Inner, pool: &PgPool, rows: Rows) -> Result<Vec
     Ok(ids)
 }
 
-/// Which rows of a batch due now to park: those of a key beyond the room it
-/// has (see `key_room` in the parking migration), in the order the pick
-/// would take them (priority, then the batch's order).
+/// How to park the rows of a batch due now: those beyond the room their
+/// key has ("key"), else beyond the room their rate limit has ("rate"), in
+/// the order the pick would take them (priority, then the batch's order); see
+/// `key_room` and `rate_room` in the parking migration.
 async fn parked_on_copy(
     inner: &Inner,
     tx: &mut sqlx::PgConnection,
     rows: &Rows,
-) -> Result<Vec<bool>> {
-    let mut parked = vec![false; rows.len()];
-    let keys: Vec<&str> = rows.ckey.iter().flatten().map(String::as_str).collect();
-    if keys.is_empty() {
-        return Ok(parked);
-    }
-    let (gate_names, gate_limits) = inner.cfg.gate_arrays();
-    let mut room: HashMap<String, i64> = sqlx::query_as::<_, (String, i32)>(&inner.sql.key_room)
-        .bind(&keys)
-        .bind(gate_names)
-        .bind(gate_limits)
-        .fetch_all(&mut *tx)
-        .await?
-        .into_iter()
-        .map(|(k, r)| (k, r as i64))
-        .collect();
-    let mut order: Vec<usize> = (0..rows.len())
-        .filter(|&i| rows.ckey[i].is_some())
-        .collect();
+) -> Result<Vec<Option<&'static str>>> {
+    let mut parked = vec![None; rows.len()];
+    let mut order: Vec<usize> = (0..rows.len()).collect();
     order.sort_by_key(|&i| (rows.priority[i], i));
-    for i in order {
-        let left = rows.ckey[i].as_ref().and_then(|k| room.get_mut(k));
-        match left {
-            Some(n) if *n > 0 => *n -= 1,
-            _ => parked[i] = true,
-        }
+    let keys: Vec<&str> = rows.ckey.iter().flatten().map(String::as_str).collect();
+    if !keys.is_empty() {
+        let (names, limits) = inner.cfg.gate_arrays();
+        let room = sqlx::query_as::<_, (String, i32)>(&inner.sql.key_room)
+            .bind(&keys)
+            .bind(names)
+            .bind(limits)
+            .fetch_all(&mut *tx)
+            .await?;
+        spend_room(&order, &rows.ckey, room, "key", &mut parked);
+    }
+    let rated: Vec<&str> = (0..rows.len())
+        .filter(|&i| parked[i].is_none())
+        .filter_map(|i| rows.rkey[i].as_deref())
+        .collect();
+    if !rated.is_empty() {
+        let (names, intervals, tolerances) = inner.cfg.rate_arrays();
+        let room = sqlx::query_as::<_, (String, i32)>(&inner.sql.rate_room)
+            .bind(&rated)
+            .bind(rows.len() as i32)
+            .bind(names)
+            .bind(intervals)
+            .bind(tolerances)
+            .fetch_all(&mut *tx)
+            .await?;
+        spend_room(&order, &rows.rkey, room, "rate", &mut parked);
     }
     Ok(parked)
+}
+
+/// Park, as `why`, the rows (in `order`) of each key in `keys` beyond the
+/// room it has; rows already parked take no room.
+fn spend_room(
+    order: &[usize],
+    keys: &[Option<String>],
+    room: Vec<(String, i32)>,
+    why: &'static str,
+    parked: &mut [Option<&'static str>],
+) {
+    let mut room: HashMap<String, i32> = room.into_iter().collect();
+    for &i in order {
+        let Some(k) = &keys[i] else { continue };
+        if parked[i].is_some() {
+            continue;
+        }
+        match room.get_mut(k) {
+            Some(n) if *n > 0 => *n -= 1,
+            _ => parked[i] = Some(why),
+        }
+    }
 }
 
 /// `COPY`'s text format: backslash, tab, newline and carriage return escaped.

@@ -69,6 +69,9 @@ pub(crate) struct Shared {
     successors: StdMutex<Successors>,
     /// Wakes the writer when reserved rows are to be given back.
     writer_wake: Notify,
+    /// Told of every pick that came back short, in any queue, and of every
+    /// claim of a rate-limited row (see `rate_waker`).
+    short_pick: Arc<Notify>,
     /// How long a handoff call takes, smoothed.
     call_time: Smoothed,
     pick: PickParams,
@@ -128,12 +131,20 @@ impl Node {
             rate_intervals: cfg.rates.values().map(|r| r.interval_secs()).collect(),
             rate_tolerances: cfg.rates.values().map(|r| r.tolerance_secs()).collect(),
         };
+        let short_pick = Arc::new(Notify::new());
         let shared = Arc::new(Shared {
+            short_pick: short_pick.clone(),
             shutdown: CancellationToken::new(),
             wakes: cfg
                 .queues
                 .keys()
-                .map(|q| (q.clone(), Arc::new(QueueWake::default())))
+                .map(|q| {
+                    let wake = QueueWake {
+                        short_pick: short_pick.clone(),
+                        ..QueueWake::default()
+                    };
+                    (q.clone(), Arc::new(wake))
+                })
                 .collect(),
             slots: cfg
                 .queues
@@ -193,10 +204,8 @@ impl Node {
             }),
         ];
         if !cfg.rates.is_empty() {
-            background.extend(cfg.queues.keys().map(|q| {
-                let (sh, q) = (shared.clone(), q.clone());
-                supervised("rate waker", move || rate_waker(sh.clone(), q.clone()))
-            }));
+            let sh = shared.clone();
+            background.push(supervised("rate waker", move || rate_waker(sh.clone())));
         }
         Ok(Node {
             shared,
@@ -307,8 +316,8 @@ struct QueueWake {
     dry_at: AtomicU64,
     /// Whether the last pick came back short.
     short: AtomicBool,
-    /// Told of every pick that came back short (see `rate_waker`).
-    short_pick: Notify,
+    /// The node's `short_pick`.
+    short_pick: Arc<Notify>,
 }
 
 impl QueueWake {
@@ -417,27 +426,25 @@ fn start_claimed(sh: &Arc<Shared>, rows: Vec<Claimed>, mut permits: OwnedSemapho
     }
 }
 
-/// With rate limits configured: after a pick of `queue` comes back short,
-/// wake the queue when a rate limit next allows a start, so a backlog waiting
-/// for it is picked then, not at the next poll, and drains at its limit.
-/// Short picks while it waits are folded into one look.
-async fn rate_waker(sh: Arc<Shared>, queue: String) {
-    let wake = sh.wakes[&queue].clone();
+/// With rate limits configured: puts rows parked for a rate limit back
+/// where a pick sees them as soon as their limit allows a start, and wakes
+/// the queues, so a rate-limited backlog drains at its limit, not at one
+/// start per poll. Between starts it sleeps until the next one is allowed;
+/// with no limit exhausted, until a pick comes back short or claims a
+/// rate-limited row (either may mean a limit is exhausted now), or the poll
+/// interval.
+async fn rate_waker(sh: Arc<Shared>) {
     loop {
-        tokio::select! {
-            _ = wake.short_pick.notified() => {}
-            _ = sh.shutdown.cancelled() => return,
+        match unpark(&sh, None, false).await {
+            Ok((n, _)) if n > 0 => sh.wake_all(),
+            Ok(_) => {}
+            Err(e) => tracing::debug!(error = %e, "unparking rate-limited rows failed"),
         }
-        if let Some(wait) = next_rate_start(&sh).await {
-            tokio::select! {
-                _ = tokio::time::sleep(wait) => {}
-                _ = sh.shutdown.cancelled() => return,
-            }
-            // Rows parked for their rate limit come back where a pick sees them.
-            if let Err(e) = unpark(&sh, None, false).await {
-                tracing::debug!(error = %e, "unparking rate-limited rows failed");
-            }
-            wake.wake();
+        let wait = next_rate_start(&sh).await;
+        tokio::select! {
+            _ = tokio::time::sleep(wait.unwrap_or(sh.inner.cfg.poll_interval)) => {}
+            _ = sh.short_pick.notified(), if wait.is_none() => {}
+            _ = sh.shutdown.cancelled() => return,
         }
     }
 }
@@ -541,6 +548,9 @@ async fn handoff(
     let mark = lock(&sh.successors).mark();
     let result = call_handoff(sh, &inner.pool, outcomes, demand, &unreserve).await;
     sh.call_time.add(t.elapsed());
+    if picks > 0 {
+        inner.stats.pick_time.record(t.elapsed());
+    }
     let rows = match result {
         Ok(rows) => rows,
         Err(e) => {
@@ -588,6 +598,11 @@ async fn handoff(
             s.freed(key);
         }
     });
+    if h.claimed.iter().any(|r| r.rate_key.is_some()) {
+        // A rate limit may be exhausted now: the rate waker looks when it
+        // allows the next start.
+        sh.short_pick.notify_one();
+    }
     Stats::add(&inner.stats.claimed, h.claimed.len() as u64);
     Stats::add(&inner.stats.handed_over, h.handed_over as u64);
     if !outcomes.is_empty() {

@@ -23,6 +23,7 @@ async fn parked(pool: &PgPool, schema: &str, key: &str) -> (i64, i64) {
 async fn client(schema: &str) -> Engine {
     support::builder(&support::url(), schema)
         .concurrency_limit("api", GateConfig::new(3))
+        .rate_limit("rl", RateConfig::new(10, Duration::from_secs(1)).burst(2))
         .build()
         .await
         .unwrap()
@@ -61,6 +62,22 @@ async fn an_insert_parks_what_its_key_has_no_room_for() {
     c.insert_many(big).await.unwrap();
     assert_eq!(parked(pool, &schema, "acct:2").await, (999, 1));
     assert_eq!(parked(pool, &schema, "api:2").await, (997, 3));
+    // A rate limit that allows two starts now keeps two rows unparked.
+    c.insert_many(
+        (0..5)
+            .map(|_| NewInstance::new("Job", json!({})).rate_limit("rl:1"))
+            .collect(),
+    )
+    .await
+    .unwrap();
+    let rated: (i64, i64) = sqlx::query_as(&format!(
+        "SELECT count(*) FILTER (WHERE parked = 'rate'), count(*) FILTER (WHERE parked IS NULL)
+         FROM \"{schema}\".instances WHERE rate_key = 'rl:1'"
+    ))
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    assert_eq!(rated, (3, 2));
     // Scheduled rows are not parked: they are not waiting for their key yet.
     c.insert(job("acct:3").schedule_in(Duration::from_secs(3600)))
         .await

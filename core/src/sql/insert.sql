@@ -3,21 +3,38 @@
 -- the caller's transaction wakes nobody until it commits). Rows flagged in
 -- $12 are claimed by the inserting node $13 as they are inserted (see
 -- `Engine::insert_many`): they start there without a pick and wake nobody.
--- Rows due now of a key beyond the room it has (see key_room; $14/$15 the
--- gate names and limits) are parked: they wait for their key out of the
--- pick's index.
+-- Rows due now beyond the room their key has (key_room, with the gate names
+-- and limits $14/$15), or else beyond the room their rate limit has
+-- (rate_room, with the rate limits $16/$17/$18), are parked: they wait out of
+-- the pick's index.
 WITH input AS (
     SELECT u.*, coalesce(u.at, now() + make_interval(secs => coalesce(u.delay, 0))) AS due,
-           u.ckey IS NOT NULL AND NOT u.here AND u.at IS NULL AND coalesce(u.delay, 0) <= 0 AS waits
+           NOT u.here AND u.at IS NULL AND coalesce(u.delay, 0) <= 0 AS now_due
     FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::smallint[], $6::text[],
                 $7::text[], $8::integer[], $9::float8[], $10::timestamptz[], $12::boolean[])
          WITH ORDINALITY AS u(workflow, step, state, queue, priority, ckey, rkey, max_attempts,
                               delay, at, here, ord)
-), room AS (
-    SELECT * FROM __S__.key_room((SELECT array_agg(ckey) FROM input WHERE waits), $14, $15)
+), kroom AS (
+    SELECT * FROM __S__.key_room(
+        (SELECT array_agg(ckey) FROM input WHERE now_due AND ckey IS NOT NULL), $14, $15)
+), kranked AS (
+    SELECT i.*, i.now_due AND i.ckey IS NOT NULL
+                AND row_number() OVER (PARTITION BY i.ckey, i.now_due ORDER BY i.priority, i.ord)
+                    > coalesce((SELECT room FROM kroom WHERE kroom.key = i.ckey), 0) AS kpark
+    FROM input i
+), rroom AS (
+    SELECT * FROM __S__.rate_room(
+        (SELECT array_agg(rkey) FROM kranked WHERE now_due AND rkey IS NOT NULL AND NOT kpark),
+        (SELECT count(*)::integer FROM input), $16, $17, $18)
 ), ranked AS (
-    SELECT input.*, row_number() OVER (PARTITION BY ckey, waits ORDER BY priority, ord) AS krank
-    FROM input
+    SELECT k.*, CASE WHEN k.kpark THEN 'key'
+                     WHEN k.now_due AND k.rkey IS NOT NULL
+                          AND row_number() OVER (PARTITION BY k.rkey, k.now_due AND NOT k.kpark
+                                                 ORDER BY k.priority, k.ord)
+                              > coalesce((SELECT room FROM rroom WHERE rroom.key = k.rkey), 0)
+                     THEN 'rate'
+                END AS parked
+    FROM kranked k
 ), ins AS (
     INSERT INTO __S__.instances (workflow, step, state, queue, priority, concurrency_key, rate_key,
                                  max_attempts, status, scheduled_at, node, attempt, attempted_at, token,
@@ -29,8 +46,7 @@ WITH input AS (
            CASE WHEN r.here THEN 1 ELSE 0 END,
            CASE WHEN r.here THEN now() END,
            CASE WHEN r.here THEN 1 ELSE 0 END,
-           CASE WHEN r.waits AND r.krank > coalesce((SELECT room FROM room WHERE room.key = r.ckey), 0)
-                THEN 'key' END
+           r.parked
     FROM ranked r
     ORDER BY r.ord
     RETURNING id, queue, status, CASE WHEN status = 'executing' THEN state END AS state
