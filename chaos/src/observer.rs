@@ -179,6 +179,17 @@ impl World {
             .find(|&(a, b)| b.saturating_sub(a) > LEASE.as_nanos() as u64 && a <= to && b >= from)
     }
 
+    /// Whether Postgres was down, or a connection of the process's node was
+    /// cut, within [from, to].
+    fn unreachable(&self, proc: u32, from: u64, to: u64) -> bool {
+        let node = self.procs.get(&proc).map(|p| p.node.as_str());
+        self.outages.iter().any(|&(x, y)| x <= to && y >= from)
+            || self
+                .cuts
+                .iter()
+                .any(|(t, _, n)| Some(n.as_str()) == node && *t >= from && *t <= to)
+    }
+
     /// What the controller did to a process and to Postgres around
     /// [from, to], for a violation's context.
     fn context(&self, procs: &[u32], from: u64, to: u64) -> String {
@@ -812,13 +823,11 @@ fn check_reruns(w: &World, r: &mut Report) {
                     .get(&a.proc)
                     .and_then(|p| p.term)
                     .is_some_and(|(t, gone)| {
-                        t >= a.start
-                            && t <= b.start
-                            && w.outages.iter().any(|&(x, y)| x <= gone && y >= t)
+                        t >= a.start && t <= b.start && w.unreachable(a.proc, t, gone)
                     })
                 {
                     // Its outcome could not be written before the process went.
-                    Some("shut down while Postgres was down")
+                    Some("shut down while Postgres was out of reach")
                 } else {
                     None
                 };
