@@ -255,6 +255,8 @@ defmodule GenDurable do
   def start_link(opts) do
     case Options.validate(opts) do
       {:ok, v} ->
+        await_previous_tree(v)
+
         case GenDurable.Supervisor.start_link(v) do
           {:error, {:shutdown, {:failed_to_start_child, _, %Error{} = e}}} -> {:error, e}
           other -> other
@@ -262,6 +264,36 @@ defmodule GenDurable do
 
       {:error, _} = err ->
         err
+    end
+  end
+
+  # The processes of a tree whose supervisor was killed stop on their own
+  # (the engine lets its node stop gracefully, within its shutdown timeout).
+  # A new tree of the same name starts when they are gone, so that its
+  # processes can take their names and one node runs at a time.
+  defp await_previous_tree(v) do
+    if Process.whereis(v.name) == nil do
+      deadline = System.monotonic_time(:millisecond) + v.shutdown_timeout + 15_000
+
+      for child <- [Engine, Dispatcher, Tasks] do
+        case Process.whereis(Module.concat(v.name, child)) do
+          nil -> :ok
+          pid -> await_exit(pid, deadline)
+        end
+      end
+    end
+
+    :ok
+  end
+
+  defp await_exit(pid, deadline) do
+    ref = Process.monitor(pid)
+
+    receive do
+      {:DOWN, ^ref, :process, _, _} -> :ok
+    after
+      max(deadline - System.monotonic_time(:millisecond), 0) ->
+        Process.demonitor(ref, [:flush])
     end
   end
 
@@ -343,7 +375,7 @@ defmodule GenDurable do
     with {:ok, engine} <- engine(opts),
          :ok <- id(id),
          {:ok, i} <- native(&Native.get(engine, id, &1)) do
-      {:ok, GenDurable.Instance.from_native(i)}
+      {:ok, GenDurable.Instance.from_native(Native.instance_term(i))}
     end
   end
 
@@ -636,10 +668,16 @@ end
 
 defmodule GenDurable.Supervisor do
   @moduledoc false
-  # rest_for_one: the step processes' supervisor, the dispatcher, then the
-  # engine; the engine stops first, while its steps can still reply.
+  # The step processes' supervisor, the dispatcher, then the engine, each
+  # restarted alone: the dispatcher finds the step processes' supervisor by
+  # name, the core finds the dispatcher through the tree's resource (each
+  # dispatcher registers there) and the engine's node is stopped with the
+  # Engine process that owns it. The engine stops first, while its steps can
+  # still answer.
 
   use Supervisor
+
+  alias GenDurable.Native
 
   def start_link(v), do: Supervisor.start_link(__MODULE__, v, name: v.name)
 
@@ -648,7 +686,15 @@ defmodule GenDurable.Supervisor do
     tasks = Module.concat(v.name, Tasks)
     dispatcher = Module.concat(v.name, Dispatcher)
     engine = Module.concat(v.name, Engine)
-    args = %{name: v.name, config: v.config, tasks: tasks, dispatcher: dispatcher, engine: engine}
+
+    args = %{
+      name: v.name,
+      config: v.config,
+      res: Native.engine_new(),
+      tasks: tasks,
+      dispatcher: dispatcher,
+      engine: engine
+    }
 
     children = [
       {Task.Supervisor, name: tasks},
@@ -658,6 +704,6 @@ defmodule GenDurable.Supervisor do
       )
     ]
 
-    Supervisor.init(children, strategy: :rest_for_one)
+    Supervisor.init(children, strategy: :one_for_one)
   end
 end

@@ -66,11 +66,11 @@ defmodule GenDurable.ShutdownTest do
     assert_receive {:DOWN, ^ref, :process, ^step_pid, :killed}, 30_000
     assert_receive {:DOWN, ^sup_ref, :process, _, _}, 30_000
 
-    # The VM, the NIF and a new engine are fine; a cancel for a step the
-    # dispatcher does not know is ignored.
+    # The VM, the NIF and a new engine are fine; a cancel for a process that
+    # is gone is ignored.
     e = start_engine(workflows: [Steps])
     dispatcher = Process.whereis(Module.concat(e, Dispatcher))
-    send(dispatcher, {:gen_durable_cancel, make_ref()})
+    send(dispatcher, {:gen_durable_cancel, step_pid})
 
     id2 = GenDurable.insert!(Steps, state: %{"mode" => "next_done"}, engine: e)
     assert %{state: %{"n" => 2}} = wait_status(e, id2, :completed)

@@ -1,9 +1,11 @@
 defmodule GenDurable.Engine do
   @moduledoc false
-  # Holds the core's engine. Starting it validates the configuration,
-  # connects, migrates and starts this node's pickers; stopping it (the
-  # supervisor's shutdown) stops picking and lets running steps finish
-  # within `shutdown_timeout`.
+  # Owns the tree's running node. Starting it validates the configuration,
+  # connects, migrates and starts this node's pickers. The node is tied to
+  # this process: stopping it (the supervisor's shutdown) stops picking and
+  # lets running steps finish within `shutdown_timeout`; if it is killed,
+  # the NIF (which monitors it) stops the node the same way, and the Engine
+  # the supervisor starts next waits for that before starting a new node.
 
   use GenServer
 
@@ -14,12 +16,11 @@ defmodule GenDurable.Engine do
   @impl true
   def init(args) do
     Process.flag(:trap_exit, true)
-    dispatcher = Process.whereis(args.dispatcher)
 
-    case Native.call(&Native.engine_start(args.config, dispatcher, true, &1)) do
-      {:ok, res} ->
-        :persistent_term.put({GenDurable, args.name}, res)
-        {:ok, %{res: res, name: args.name}}
+    case Native.call(&Native.engine_start(args.res, args.config, &1)) do
+      :ok ->
+        :persistent_term.put({GenDurable, args.name}, args.res)
+        {:ok, args}
 
       {:error, e} ->
         {:stop, Error.from_native(e)}
@@ -28,27 +29,32 @@ defmodule GenDurable.Engine do
 
   @impl true
   def terminate(_reason, %{res: res, name: name}) do
-    :persistent_term.erase({GenDurable, name})
-    Native.call(&Native.engine_shutdown(res, &1))
+    key = {GenDurable, name}
+    if :persistent_term.get(key, nil) == res, do: :persistent_term.erase(key)
+    Native.call(&Native.engine_stop(res, &1))
   end
 end
 
 defmodule GenDurable.Dispatcher do
   @moduledoc false
-  # Receives `{:gen_durable_step, handle, module, step, state, ctx}` from the
-  # core and runs each step in a process of the engine's Task.Supervisor. A
-  # step process that dies before replying (killed from outside, linked
-  # crash) is answered here with an error outcome.
+  # Receives `{:gen_durable_step, handle}` from the core and runs each step
+  # in a process of the engine's Task.Supervisor, which takes the step with
+  # `Native.step_begin/1` (see `GenDurable.Runner`). A step process that dies
+  # without answering is answered here with its exit reason; one that died
+  # before taking its step has the step snoozed (it never ran).
   #
-  # `{:gen_durable_cancel, handle}` comes from the core when it stops a step
-  # it was waiting for (shutdown timeout, claim lost, successor not
-  # admitted): the step's process is killed and not answered, as nothing
-  # waits for the answer any more. A cancel for a finished step does nothing.
+  # The dispatcher holds nothing the core cannot do without: if it dies, the
+  # core sends the steps no process took yet to the next dispatcher (which
+  # registers itself in `init/1`), step processes already running answer on
+  # their own, and one that dies without answering is answered by the NIF.
   #
-  # Exits are trapped so that cancels sent while the engine stopped are
-  # handled before the supervisor's shutdown. A dispatcher that stops answers
-  # the steps it still has (queued or running) with an error and kills their
-  # processes: nothing could cancel them afterwards.
+  # `{:gen_durable_cancel, pid}` comes from the core when it stops a step it
+  # was waiting for (shutdown timeout, claim lost, successor not admitted):
+  # the step's process is killed, whichever dispatcher started it.
+  #
+  # Exits are trapped so that `terminate/2` runs when the tree stops: the
+  # steps still running are killed and answered with an error, and the
+  # steps no process took are snoozed.
 
   use GenServer
 
@@ -59,61 +65,50 @@ defmodule GenDurable.Dispatcher do
   @impl true
   def init(args) do
     Process.flag(:trap_exit, true)
-    # running: monitor ref => handle; handles: handle => {ref, pid}.
-    {:ok, %{tasks: args.tasks, running: %{}, handles: %{}}}
+    Native.dispatcher_register(args.res)
+    # running: monitor ref => {handle, pid}
+    {:ok, %{res: args.res, tasks: args.tasks, running: %{}}}
   end
 
   @impl true
-  def handle_info({:gen_durable_step, handle, module, step, state, ctx}, st) do
+  def handle_info({:gen_durable_step, handle}, st) do
     # async_nolink monitors the task before it runs, so even a task killed
     # at once is seen with its real exit reason.
     %Task{ref: ref, pid: pid} =
-      Task.Supervisor.async_nolink(st.tasks, GenDurable.Runner, :run, [
-        handle,
-        module,
-        step,
-        state,
-        ctx
-      ])
+      Task.Supervisor.async_nolink(st.tasks, GenDurable.Runner, :run, [handle])
 
-    {:noreply,
-     %{
-       st
-       | running: Map.put(st.running, ref, handle),
-         handles: Map.put(st.handles, handle, {ref, pid})
-     }}
+    {:noreply, %{st | running: Map.put(st.running, ref, {handle, pid})}}
+  catch
+    :exit, _ ->
+      # The step processes' supervisor is restarting: the step goes back.
+      Native.step_exited(handle, nil, "")
+      {:noreply, st}
   end
 
-  def handle_info({:gen_durable_cancel, handle}, st) do
-    case Map.pop(st.handles, handle) do
-      {nil, _} ->
-        {:noreply, st}
-
-      {{ref, pid}, handles} ->
-        Process.demonitor(ref, [:flush])
-        Process.exit(pid, :kill)
-        {:noreply, %{st | running: Map.delete(st.running, ref), handles: handles}}
-    end
+  def handle_info({:gen_durable_cancel, pid}, st) when is_pid(pid) do
+    Process.exit(pid, :kill)
+    {:noreply, st}
   end
 
-  # The task replied to the core itself; this is its return value.
+  # The task answered the core itself; this is its return value.
   def handle_info({ref, _result}, st) when is_reference(ref) and is_map_key(st.running, ref) do
     Process.demonitor(ref, [:flush])
-    {:noreply, forget(st, ref)}
+    {:noreply, %{st | running: Map.delete(st.running, ref)}}
   end
 
-  def handle_info({:DOWN, ref, :process, _pid, reason}, st) do
-    case Map.fetch(st.running, ref) do
-      {:ok, handle} ->
-        # A no-op when the step already replied.
-        Native.step_reply(
+  def handle_info({:DOWN, ref, :process, pid, reason}, st) do
+    case Map.pop(st.running, ref) do
+      {{handle, ^pid}, running} ->
+        # Does nothing if the step was answered.
+        Native.step_exited(
           handle,
-          {:error, "the step's process exited: #{Exception.format_exit(reason)}", nil}
+          pid,
+          "the step's process exited: #{Exception.format_exit(reason)}"
         )
 
-        {:noreply, forget(st, ref)}
+        {:noreply, %{st | running: running}}
 
-      :error ->
+      {nil, _} ->
         {:noreply, st}
     end
   end
@@ -122,53 +117,51 @@ defmodule GenDurable.Dispatcher do
 
   @impl true
   def terminate(_reason, st) do
-    for {ref, handle} <- st.running do
+    Native.dispatcher_close(st.res)
+
+    for {ref, {handle, pid}} <- st.running do
       Process.demonitor(ref, [:flush])
-      {_ref, pid} = Map.fetch!(st.handles, handle)
       Process.exit(pid, :kill)
-      Native.step_reply(handle, {:error, "the engine's dispatcher stopped", nil})
+      Native.step_exited(handle, pid, "the engine's dispatcher stopped")
     end
 
-    answer_queued()
+    release_queued()
   end
 
-  defp answer_queued do
+  defp release_queued do
     receive do
-      {:gen_durable_step, handle, _module, _step, _state, _ctx} ->
-        Native.step_reply(handle, {:error, "the engine's dispatcher stopped", nil})
-        answer_queued()
+      {:gen_durable_step, handle} ->
+        Native.step_exited(handle, nil, "")
+        release_queued()
     after
       0 -> :ok
     end
-  end
-
-  defp forget(st, ref) do
-    {handle, running} = Map.pop(st.running, ref)
-    %{st | running: running, handles: Map.delete(st.handles, handle)}
   end
 end
 
 defmodule GenDurable.Runner do
   @moduledoc false
-  # Runs one step and answers the core. Whatever the callback does (returns,
-  # raises, throws, exits), exactly one answer is sent.
+  # Takes one step and answers the core. Whatever the callback does
+  # (returns, raises, throws, exits), exactly one answer is sent. A step
+  # another process took (it was sent twice) or the core stopped is skipped.
 
   alias GenDurable.Native
 
-  def run(handle, module, step, state, ctx) do
-    result =
-      try do
-        normalize(module.handle_step(step, state, ctx))
-      rescue
-        e ->
-          {:error, Exception.message(e), Exception.format(:error, e, __STACKTRACE__)}
-      catch
-        kind, reason ->
-          {:error, Exception.format_banner(kind, reason, __STACKTRACE__),
-           Exception.format(kind, reason, __STACKTRACE__)}
-      end
+  def run(handle) do
+    case Native.step_begin(handle) do
+      {:ok, module, step, state, ctx} -> Native.step_reply(handle, call(module, step, state, ctx))
+      :skip -> :skip
+    end
+  end
 
-    Native.step_reply(handle, result)
+  defp call(module, step, state, ctx) do
+    normalize(module.handle_step(step, state, ctx))
+  rescue
+    e -> {:error, Exception.message(e), Exception.format(:error, e, __STACKTRACE__)}
+  catch
+    kind, reason ->
+      {:error, Exception.format_banner(kind, reason, __STACKTRACE__),
+       Exception.format(kind, reason, __STACKTRACE__)}
   end
 
   @doc false

@@ -3,34 +3,34 @@
 //! The engine runs in the Rust core on a Tokio runtime owned by this library.
 //! Nothing here waits or touches the network on a normal BEAM scheduler:
 //! calls that do are spawned on the runtime and answer the calling process
-//! with a `{ref, result}` message. Steps are run by Elixir processes: the
-//! workflow adapter sends `{:gen_durable_step, reply, module, step, state,
-//! ctx}` to the engine's dispatcher and waits for `step_reply/2`; when the
-//! core stops waiting, it sends `{:gen_durable_cancel, reply}` and the
-//! dispatcher kills the step's process.
+//! with a `{ref, result}` message. Steps are run by Elixir processes (see
+//! `step`).
+//!
+//! Terms are only ever built by scheduler threads: a message built on a
+//! runtime thread holds atoms, numbers, short strings and resources, never a
+//! user's value. States, payloads and instances are converted by dirty NIFs
+//! in the process that asked for them (`step_begin/1`, `instance_term/1`),
+//! and Elixir values become JSON in dirty NIFs too: a value of any size
+//! neither blocks a normal scheduler nor builds a large map on a thread the
+//! BEAM does not manage (which it does not support).
 //!
 //! This crate only converts values, maps errors and bridges callbacks; every
 //! semantic lives in the core.
 
 mod convert;
+mod step;
 
 use convert::{json_to_term, term_to_json};
 use futures::FutureExt;
 use gendurable::bulkhead::{Bulkhead, BulkheadConfig, BulkheadError, OwnedPermit, Wait};
 use gendurable::embedded::TempPostgres;
-use gendurable::{
-    AwaitOn, Cancelled, ConcurrencyKey, Engine, GateConfig, Instance, KeyChange, NewInstance,
-    NextOptions, RateConfig, StepContext, StepResult, Transition, Wake, Workflow,
-};
-use rustler::types::tuple::get_tuple;
-use rustler::{Atom, Encoder, Env, LocalPid, OwnedEnv, ResourceArc, Term};
-use serde_json::Value;
+use gendurable::{Cancelled, Engine, GateConfig, Instance, NewInstance, RateConfig, Transition};
+use rustler::{Atom, Encoder, Env, LocalPid, Monitor, OwnedEnv, ResourceArc, Term};
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
-use tokio::sync::oneshot;
 
 mod atoms {
     rustler::atoms! {
@@ -49,6 +49,8 @@ mod atoms {
         timeout,
         gen_durable_step,
         gen_durable_cancel,
+        skip,
+        not_running,
         saturated,
         wait,
         none,
@@ -103,7 +105,8 @@ fn runtime() -> &'static tokio::runtime::Runtime {
     })
 }
 
-/// Builds the reply term in the message's own environment.
+/// Builds the reply term in the message's own environment, on a runtime
+/// thread: small terms only (no user values, no map of more than 32 keys).
 type Reply = Box<dyn for<'a> FnOnce(Env<'a>) -> Term<'a> + Send>;
 
 fn reply<F>(f: F) -> Reply
@@ -184,6 +187,15 @@ where
     reply(move |env| (atoms::ok(), value).encode(env))
 }
 
+fn not_running(env: Env) -> Term {
+    error_term(
+        env,
+        atoms::not_running(),
+        None,
+        "the engine is not running".into(),
+    )
+}
+
 fn input_error<'a>(env: Env<'a>, field: &str, message: impl Into<String>) -> Term<'a> {
     error_term(env, atoms::invalid_input(), Some(field), message.into())
 }
@@ -191,23 +203,81 @@ fn input_error<'a>(env: Env<'a>, field: &str, message: impl Into<String>) -> Ter
 // ---------------------------------------------------------------------------
 // Resources
 
-/// A running (or built) engine.
+/// One `GenDurable` supervision tree: the engine its Engine process runs,
+/// the dispatcher its steps are sent to, and the engine client calls use.
 pub struct EngineRes {
-    engine: Engine,
+    tree: Arc<Tree>,
+}
+
+struct Tree {
+    dispatcher: Arc<step::Dispatcher>,
+    /// The engine client calls use: the last one started, until the tree
+    /// stops. Each call holds a read lock while it runs; a node stops under
+    /// the write lock, so that no call of that engine is under way while
+    /// it stops (an insert may hand rows to its own node to start at once).
+    client: Arc<tokio::sync::RwLock<Option<Engine>>>,
+    /// The running node and the process that owns it.
+    node: tokio::sync::Mutex<Option<(Engine, LocalPid)>>,
+}
+
+impl Tree {
+    /// Stops the running node gracefully (see `Engine::shutdown`) if `owner`
+    /// owns it. Client calls wait meanwhile, then go on with the same engine
+    /// (its node no longer runs), or find none if `last`. A stop under way
+    /// is waited for.
+    async fn stop_node(&self, owner: LocalPid, last: bool) -> gendurable::Result<()> {
+        let mut node = self.node.lock().await;
+        let mut client = self.client.write().await;
+        if last {
+            *client = None;
+        }
+        match node.take() {
+            Some((engine, o)) if o == owner => engine.shutdown().await,
+            other => {
+                *node = other;
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Runs a client call with the tree's engine; answers that the engine is
+/// not running if there is none. Waits while a node stops (see `Tree`).
+fn spawn_call<F, Fut>(env: Env, res: &EngineRes, reply_ref: Term, call: F)
+where
+    F: FnOnce(Engine) -> Fut + Send + 'static,
+    Fut: Future<Output = Reply> + Send + 'static,
+{
+    let client = res.tree.client.clone();
+    spawn_reply(env, reply_ref, async move {
+        let engine = client.read_owned().await;
+        match &*engine {
+            Some(e) => call(e.clone()).await,
+            None => reply(not_running),
+        }
+    });
 }
 
 #[rustler::resource_impl]
-impl rustler::Resource for EngineRes {}
+impl rustler::Resource for EngineRes {
+    /// The process owning the running node died: the node stops.
+    fn down<'a>(&'a self, _env: Env<'a>, pid: LocalPid, _mon: Monitor) {
+        let tree = self.tree.clone();
+        runtime().spawn(async move {
+            if let Err(e) = tree.stop_node(pid, false).await {
+                eprintln!("gendurable: stopping the node of a dead engine process: {e}");
+            }
+        });
+    }
+}
 
-/// The reply handle of one step run by Elixir. The adapter holds it while it
-/// waits (to cancel the step, see `CancelOnDrop`): a step process that ends
-/// without answering is answered by the dispatcher.
-pub struct StepReply {
-    tx: Mutex<Option<oneshot::Sender<Transition>>>,
+/// An instance read by `get/3`, converted by `instance_term/1`.
+pub struct InstanceRes {
+    instance: Mutex<Option<Instance>>,
 }
 
 #[rustler::resource_impl]
-impl rustler::Resource for StepReply {}
+impl rustler::Resource for InstanceRes {}
 
 /// A bulkhead permit; released by `bulkhead_release/1` or when garbage-collected.
 pub struct PermitRes {
@@ -259,259 +329,12 @@ fn ms(v: Option<u64>) -> Option<Duration> {
 }
 
 // ---------------------------------------------------------------------------
-// The workflow adapter: steps run in Elixir
-
-struct ElixirWorkflow {
-    dispatcher: LocalPid,
-    module: String,
-}
-
-#[gendurable::async_trait]
-impl Workflow for ElixirWorkflow {
-    async fn step(&self, step: &str, state: Value, ctx: StepContext) -> StepResult {
-        let (tx, rx) = oneshot::channel();
-        let handle = ResourceArc::new(StepReply {
-            tx: Mutex::new(Some(tx)),
-        });
-        let sent = {
-            let mut env = OwnedEnv::new();
-            let module = &self.module;
-            env.send_and_clear(&self.dispatcher, |env| {
-                let module = Atom::from_str(env, module)
-                    .map(|a| a.encode(env))
-                    .unwrap_or_else(|_| module.encode(env));
-                (
-                    atoms::gen_durable_step(),
-                    handle.clone(),
-                    module,
-                    step,
-                    json_to_term(env, &state),
-                    context_term(env, &ctx),
-                )
-                    .encode(env)
-            })
-        };
-        if sent.is_err() {
-            return Ok(Transition::Error {
-                reason: "the Elixir dispatcher is not running".into(),
-                detail: None,
-            });
-        }
-        // If the core drops this future (it stops the step) before the
-        // reply came, the guard has the step's process killed.
-        let guard = CancelOnDrop {
-            dispatcher: self.dispatcher,
-            handle: Some(handle),
-        };
-        let reply = rx.await;
-        guard.disarm();
-        match reply {
-            Ok(t) => Ok(t),
-            Err(_) => Ok(Transition::Error {
-                reason: "the Elixir step ended without a reply".into(),
-                detail: None,
-            }),
-        }
-    }
-}
-
-/// Held while a step runs in Elixir. Dropped armed (the core stopped the
-/// step: shutdown timeout, claim lost, successor not admitted), it sends
-/// `{:gen_durable_cancel, handle}` to the dispatcher, which kills the step's
-/// process; a later `step_reply/2` of that handle does nothing.
-struct CancelOnDrop {
-    dispatcher: LocalPid,
-    handle: Option<ResourceArc<StepReply>>,
-}
-
-impl CancelOnDrop {
-    fn disarm(mut self) {
-        self.handle = None;
-    }
-}
-
-impl Drop for CancelOnDrop {
-    fn drop(&mut self) {
-        let Some(handle) = self.handle.take() else {
-            return;
-        };
-        // Answered meanwhile: the step already finished.
-        if lock(&handle.tx).take().is_none() {
-            return;
-        }
-        let dispatcher = self.dispatcher;
-        let send = move || {
-            // A dead dispatcher has nothing left to kill.
-            let _ = OwnedEnv::new().send_and_clear(&dispatcher, |env| {
-                (atoms::gen_durable_cancel(), handle).encode(env)
-            });
-        };
-        // A scheduler thread may not send from an OwnedEnv: hand it over.
-        if rustler::thread::is_scheduler_thread() {
-            runtime().spawn(async move { send() });
-        } else {
-            send();
-        }
-    }
-}
-
-fn context_term<'a>(env: Env<'a>, ctx: &StepContext) -> Term<'a> {
-    let wake = match &ctx.wake {
-        None => atoms::nil().encode(env),
-        Some(Wake::Timeout) => atoms::timeout().encode(env),
-        Some(Wake::Signal { name, payload }) => {
-            (atoms::signal(), name.as_str(), json_to_term(env, payload)).encode(env)
-        }
-    };
-    let keys = [
-        atoms::struct_().encode(env),
-        atoms::id().encode(env),
-        atoms::workflow().encode(env),
-        atoms::queue().encode(env),
-        atoms::attempt().encode(env),
-        atoms::max_attempts().encode(env),
-        atoms::concurrency_key().encode(env),
-        atoms::rate_limit().encode(env),
-        atoms::wake().encode(env),
-    ];
-    let values = [
-        Atom::from_str(env, "Elixir.GenDurable.Context")
-            .unwrap()
-            .encode(env),
-        ctx.id.encode(env),
-        ctx.workflow.encode(env),
-        ctx.queue.encode(env),
-        ctx.attempt.encode(env),
-        ctx.max_attempts.encode(env),
-        ctx.concurrency_key.encode(env),
-        ctx.rate_limit.encode(env),
-        wake,
-    ];
-    Term::map_from_term_arrays(env, &keys, &values).unwrap()
-}
-
-/// Decodes a normalized step result (see `GenDurable.Runner`):
-///
-/// * `{:next, step, state, key_change, rate_limit | nil, delay_ms | nil}`,
-///   key_change = `:keep | :release | {:set, key}`
-/// * `{:done, state}`
-/// * `{:await, step, state, signal | nil, timeout_ms | nil, until_us | nil}`
-/// * `{:snooze, ms}` · `{:error, reason, detail | nil}` · `{:cancel, reason}`
-fn decode_transition(term: Term) -> Result<Transition, String> {
-    let t = get_tuple(term).map_err(|_| "a step result must be a tuple".to_string())?;
-    let tag: Atom = t
-        .first()
-        .ok_or("empty tuple")?
-        .decode()
-        .map_err(|_| "a step result must start with an atom".to_string())?;
-    let text = |i: usize, what: &str| -> Result<String, String> {
-        t[i].decode::<String>()
-            .map_err(|_| format!("{what} must be a string"))
-    };
-    let opt_u64 = |i: usize, what: &str| -> Result<Option<u64>, String> {
-        t[i].decode::<Option<u64>>()
-            .map_err(|_| format!("{what} must be a non-negative integer (milliseconds)"))
-    };
-    let state = |i: usize| -> Result<Value, String> {
-        let v = term_to_json(t[i]).map_err(|e| format!("the state is not JSON: {e}"))?;
-        if !v.is_object() {
-            return Err("the state must be a map".into());
-        }
-        Ok(v)
-    };
-    if tag == atoms::next() && t.len() == 6 {
-        let key = if t[3].decode::<Atom>().ok() == Some(atoms::keep()) {
-            KeyChange::Keep
-        } else if t[3].decode::<Atom>().ok() == Some(atoms::release()) {
-            KeyChange::Release
-        } else {
-            let (_, k): (Atom, String) = t[3]
-                .decode()
-                .map_err(|_| "the concurrency key must be a string".to_string())?;
-            KeyChange::Set(ConcurrencyKey::from(k))
-        };
-        let rate_limit = t[4]
-            .decode::<Option<String>>()
-            .map_err(|_| "rate_limit must be a string".to_string())?;
-        Ok(Transition::next_with(
-            text(1, "the step")?,
-            state(2)?,
-            NextOptions {
-                concurrency_key: key,
-                rate_limit,
-                delay: ms(opt_u64(5, "schedule_in")?),
-            },
-        ))
-    } else if tag == atoms::done() && t.len() == 2 {
-        Ok(Transition::done(state(1)?))
-    } else if tag == atoms::await_() && t.len() == 6 {
-        let signal = t[3]
-            .decode::<Option<String>>()
-            .map_err(|_| "signal must be a string".to_string())?;
-        let until = match t[5]
-            .decode::<Option<i64>>()
-            .map_err(|_| "until must be a DateTime".to_string())?
-        {
-            Some(us) => {
-                Some(chrono::DateTime::from_timestamp_micros(us).ok_or("until is out of range")?)
-            }
-            None => None,
-        };
-        Ok(Transition::await_on(
-            text(1, "the step")?,
-            state(2)?,
-            AwaitOn {
-                signal,
-                timeout: ms(opt_u64(4, "timeout")?),
-                until,
-            },
-        ))
-    } else if tag == atoms::snooze() && t.len() == 2 {
-        let d = t[1]
-            .decode::<u64>()
-            .map_err(|_| "snooze takes non-negative milliseconds".to_string())?;
-        Ok(Transition::snooze(Duration::from_millis(d)))
-    } else if tag == atoms::error() && t.len() == 3 {
-        Ok(Transition::Error {
-            reason: text(1, "the reason")?,
-            detail: t[2]
-                .decode::<Option<String>>()
-                .map_err(|_| "the detail must be a string".to_string())?,
-        })
-    } else if tag == atoms::cancel() && t.len() == 2 {
-        Ok(Transition::cancel(text(1, "the reason")?))
-    } else {
-        Err("not a step result".into())
-    }
-}
-
-/// Completes a step. An undecodable result completes it with an error
-/// outcome saying why, and returns `{:error, message}`.
-#[rustler::nif]
-fn step_reply<'a>(env: Env<'a>, handle: ResourceArc<StepReply>, result: Term<'a>) -> Term<'a> {
-    let Some(tx) = lock(&handle.tx).take() else {
-        return atoms::already_replied().encode(env);
-    };
-    match decode_transition(result) {
-        Ok(t) => {
-            let _ = tx.send(t);
-            atoms::ok().encode(env)
-        }
-        Err(e) => {
-            let reason = format!("invalid step result: {e}");
-            let _ = tx.send(Transition::Error {
-                reason: reason.clone(),
-                detail: None,
-            });
-            (atoms::error(), reason).encode(env)
-        }
-    }
-}
-
-// ---------------------------------------------------------------------------
 // Engine lifecycle
 
-fn build_engine(config: Term, dispatcher: LocalPid) -> Result<gendurable::EngineBuilder, String> {
+fn build_engine(
+    config: Term,
+    dispatcher: &Arc<step::Dispatcher>,
+) -> Result<gendurable::EngineBuilder, String> {
     let mut b = Engine::builder().url(field::<String>(config, "url")?);
     if let Some(s) = field::<Option<String>>(config, "schema")? {
         b = b.schema(s);
@@ -539,7 +362,11 @@ fn build_engine(config: Term, dispatcher: LocalPid) -> Result<gendurable::Engine
             .to_term(config.get_env())
             .atom_to_string()
             .map_err(|_| "bad module".to_string())?;
-        b = b.workflow(name.clone(), ElixirWorkflow { dispatcher, module });
+        let workflow = step::ElixirWorkflow {
+            dispatcher: dispatcher.clone(),
+            module,
+        };
+        b = b.workflow(name.clone(), workflow);
         for (step, key) in step_rates {
             b = b.step_rate_limit(name.clone(), step, key);
         }
@@ -576,40 +403,67 @@ fn build_engine(config: Term, dispatcher: LocalPid) -> Result<gendurable::Engine
     Ok(b)
 }
 
-/// Builds (validates, connects, migrates) and starts an engine whose Elixir
-/// workflows are dispatched to `dispatcher`. Replies `{:ok, engine}`.
+/// A new tree, with no engine and no dispatcher yet.
+#[rustler::nif]
+fn engine_new(env: Env) -> Term {
+    ResourceArc::new(EngineRes {
+        tree: Arc::new(Tree {
+            dispatcher: Arc::new(step::Dispatcher::new()),
+            client: Arc::new(tokio::sync::RwLock::new(None)),
+            node: tokio::sync::Mutex::new(None),
+        }),
+    })
+    .encode(env)
+}
+
+/// Builds (validates, connects, migrates) and starts the tree's engine,
+/// owned by the calling process: when it dies, the node stops. A node the
+/// tree still runs (its previous owner was killed) is stopped first, so a
+/// tree never runs two. Replies `:ok`.
 #[rustler::nif]
 fn engine_start<'a>(
     env: Env<'a>,
+    res: ResourceArc<EngineRes>,
     config: Term<'a>,
-    dispatcher: LocalPid,
-    start_node: bool,
     reply_ref: Term<'a>,
 ) -> Term<'a> {
-    let builder = match build_engine(config, dispatcher) {
+    let builder = match build_engine(config, &res.tree.dispatcher) {
         Ok(b) => b,
         Err(e) => return error_term(env, atoms::invalid_config(), None, e),
     };
+    let owner = env.pid();
     spawn_reply(env, reply_ref, async move {
-        let engine = match builder.build().await {
+        let tree = res.tree.clone();
+        let mut node = tree.node.lock().await;
+        if let Some((previous, _)) = node.take() {
+            let _calls = tree.client.write().await;
+            if let Err(e) = previous.shutdown().await {
+                eprintln!("gendurable: stopping the node of a dead engine process: {e}");
+            }
+        }
+        let engine = match builder.start().await {
             Ok(e) => e,
             Err(e) => return core_error(e),
         };
-        if start_node {
-            if let Err(e) = engine.start().await {
-                return core_error(e);
-            }
+        if res.monitor(None, &owner).is_none() {
+            // The owner died while the node started.
+            let _ = engine.shutdown().await;
+            return reply(not_running);
         }
-        ok_reply(ResourceArc::new(EngineRes { engine }))
+        *tree.client.write().await = Some(engine.clone());
+        *node = Some((engine, owner));
+        reply(|env| atoms::ok().encode(env))
     });
     atoms::ok().encode(env)
 }
 
-/// Stops the node gracefully (see `Engine::shutdown`). Replies `:ok`.
+/// Stops the calling process's node gracefully (see `Engine::shutdown`);
+/// client calls then answer that the engine is not running. Replies `:ok`.
 #[rustler::nif]
-fn engine_shutdown<'a>(env: Env<'a>, res: ResourceArc<EngineRes>, reply_ref: Term<'a>) -> Atom {
+fn engine_stop<'a>(env: Env<'a>, res: ResourceArc<EngineRes>, reply_ref: Term<'a>) -> Atom {
+    let owner = env.pid();
     spawn_reply(env, reply_ref, async move {
-        match res.engine.shutdown().await {
+        match res.tree.stop_node(owner, true).await {
             Ok(()) => reply(|env| atoms::ok().encode(env)),
             Err(e) => core_error(e),
         }
@@ -684,8 +538,8 @@ fn insert_many<'a>(
             }
         }
     }
-    spawn_reply(env, reply_ref, async move {
-        match res.engine.insert_many(batch).await {
+    spawn_call(env, &res, reply_ref, |engine| async move {
+        match engine.insert_many(batch).await {
             Ok(ids) => ok_reply(ids),
             Err(e) => core_error(e),
         }
@@ -693,7 +547,7 @@ fn insert_many<'a>(
     atoms::ok().encode(env)
 }
 
-fn instance_term<'a>(env: Env<'a>, i: &Instance) -> Term<'a> {
+fn instance_to_term<'a>(env: Env<'a>, i: &Instance) -> Term<'a> {
     let us = |t: &chrono::DateTime<chrono::Utc>| t.timestamp_micros();
     let errors: Vec<Term> = i.errors.iter().map(|e| json_to_term(env, e)).collect();
     let pairs: Vec<(Term, Term)> = vec![
@@ -757,21 +611,36 @@ fn instance_term<'a>(env: Env<'a>, i: &Instance) -> Term<'a> {
     Term::map_from_pairs(env, &pairs).unwrap()
 }
 
-/// Reads an instance. Replies `{:ok, %GenDurable.Instance{}}` (timestamps
-/// as Unix microseconds; the Elixir side turns them into `DateTime`s).
+/// Reads an instance. Replies `{:ok, instance}`, a resource that
+/// `instance_term/1` turns into a `%GenDurable.Instance{}`.
 #[rustler::nif]
-fn get<'a>(env: Env<'a>, res: ResourceArc<EngineRes>, id: i64, reply_ref: Term<'a>) -> Atom {
-    spawn_reply(env, reply_ref, async move {
-        match res.engine.get(id).await {
-            Ok(i) => reply(move |env| (atoms::ok(), instance_term(env, &i)).encode(env)),
+fn get<'a>(env: Env<'a>, res: ResourceArc<EngineRes>, id: i64, reply_ref: Term<'a>) -> Term<'a> {
+    spawn_call(env, &res, reply_ref, move |engine| async move {
+        match engine.get(id).await {
+            Ok(i) => ok_reply(ResourceArc::new(InstanceRes {
+                instance: Mutex::new(Some(i)),
+            })),
             Err(e) => core_error(e),
         }
     });
-    atoms::ok()
+    atoms::ok().encode(env)
 }
 
-/// Wakes every instance awaiting `name`. Replies `{:ok, count}`.
-#[rustler::nif]
+/// `%GenDurable.Instance{}` of an instance read by `get/3` (timestamps as
+/// Unix microseconds; the Elixir side turns them into `DateTime`s), built
+/// in the caller's environment on a dirty scheduler. The instance is taken:
+/// a second call returns `nil`.
+#[rustler::nif(schedule = "DirtyCpu")]
+fn instance_term(env: Env, res: ResourceArc<InstanceRes>) -> Term {
+    match lock(&res.instance).take() {
+        Some(i) => instance_to_term(env, &i),
+        None => atoms::nil().encode(env),
+    }
+}
+
+/// Wakes every instance awaiting `name`. Replies `{:ok, count}`. The
+/// payload is converted on a dirty scheduler.
+#[rustler::nif(schedule = "DirtyCpu")]
 fn signal<'a>(
     env: Env<'a>,
     res: ResourceArc<EngineRes>,
@@ -783,8 +652,8 @@ fn signal<'a>(
         Ok(p) => p,
         Err(e) => return input_error(env, "payload", format!("invalid payload: not JSON: {e}")),
     };
-    spawn_reply(env, reply_ref, async move {
-        match res.engine.signal(&name, payload).await {
+    spawn_call(env, &res, reply_ref, move |engine| async move {
+        match engine.signal(&name, payload).await {
             Ok(n) => ok_reply(n),
             Err(e) => core_error(e),
         }
@@ -792,8 +661,9 @@ fn signal<'a>(
     atoms::ok().encode(env)
 }
 
-/// Wakes one awaiting instance. Replies `{:ok, woken?}`.
-#[rustler::nif]
+/// Wakes one awaiting instance. Replies `{:ok, woken?}`. The payload is
+/// converted on a dirty scheduler.
+#[rustler::nif(schedule = "DirtyCpu")]
 fn signal_instance<'a>(
     env: Env<'a>,
     res: ResourceArc<EngineRes>,
@@ -806,8 +676,8 @@ fn signal_instance<'a>(
         Ok(p) => p,
         Err(e) => return input_error(env, "payload", format!("invalid payload: not JSON: {e}")),
     };
-    spawn_reply(env, reply_ref, async move {
-        match res.engine.signal_instance(id, &name, payload).await {
+    spawn_call(env, &res, reply_ref, move |engine| async move {
+        match engine.signal_instance(id, &name, payload).await {
             Ok(b) => ok_reply(b),
             Err(e) => core_error(e),
         }
@@ -823,11 +693,11 @@ fn cancel<'a>(
     id: i64,
     reason: Option<String>,
     reply_ref: Term<'a>,
-) -> Atom {
-    spawn_reply(env, reply_ref, async move {
+) -> Term<'a> {
+    spawn_call(env, &res, reply_ref, move |engine| async move {
         let r = match reason {
-            Some(reason) => res.engine.cancel_with_reason(id, &reason).await,
-            None => res.engine.cancel(id).await,
+            Some(reason) => engine.cancel_with_reason(id, &reason).await,
+            None => engine.cancel(id).await,
         };
         match r {
             Ok(c) => reply(move |env| {
@@ -845,7 +715,7 @@ fn cancel<'a>(
             Err(e) => core_error(e),
         }
     });
-    atoms::ok()
+    atoms::ok().encode(env)
 }
 
 // ---------------------------------------------------------------------------

@@ -1,0 +1,535 @@
+//! Steps run by Elixir processes.
+//!
+//! The workflow adapter (`ElixirWorkflow`) keeps everything a step needs in
+//! its handle (a `StepRes`) and sends only `{:gen_durable_step, handle}` to
+//! the engine's dispatcher, found through a `Dispatcher` slot that each new
+//! dispatcher process fills in. The dispatcher starts a process that takes
+//! the step with `step_begin/1`: the state and context become terms there,
+//! in that process, on a dirty scheduler. A handle is taken once, so a step
+//! sent twice (after its dispatcher was replaced) still runs once.
+//!
+//! * A dispatcher that dies with steps in its mailbox loses them: the adapter
+//!   sends a step again whenever a new dispatcher registers, until a process
+//!   takes it.
+//! * A step no process could take (no dispatcher for `DISPATCHER_WAIT`, the
+//!   dispatcher stopped for good, its process died before taking it) is
+//!   snoozed: it runs again later and the attempt is not counted.
+//! * A step process that dies without answering is answered by the
+//!   dispatcher that started it (with the exit reason) or, if that one is
+//!   gone, by the handle's own monitor of the process.
+//! * When the core stops waiting for a step (it drops the step's future),
+//!   the process running it is killed by the dispatcher.
+
+use crate::atoms;
+use crate::convert::{json_to_term, term_to_json};
+use crate::{lock, runtime};
+use gendurable::{
+    AwaitOn, ConcurrencyKey, KeyChange, NextOptions, StepContext, StepResult, Transition, Wake,
+    Workflow,
+};
+use rustler::types::tuple::get_tuple;
+use rustler::{Atom, Encoder, Env, LocalPid, Monitor, OwnedEnv, ResourceArc, Term};
+use serde_json::Value;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::{oneshot, watch};
+use tokio::time::Instant;
+
+/// How long a step waits for a dispatcher before it is snoozed.
+const DISPATCHER_WAIT: Duration = Duration::from_secs(30);
+/// When a step that could not be started runs again.
+const RETRY_AFTER: Duration = Duration::from_millis(100);
+/// How long the dispatcher that started a step process has to report that
+/// process's exit (with its reason) before the handle reports it itself.
+const EXIT_GRACE: Duration = Duration::from_secs(2);
+
+// ---------------------------------------------------------------------------
+// The dispatcher slot
+
+#[derive(Clone, Copy, PartialEq)]
+enum Slot {
+    /// No dispatcher yet, or one died and its successor is not registered.
+    Empty,
+    Up(LocalPid),
+    /// The dispatcher stopped for good: the engine's tree is going away.
+    Closed,
+}
+
+/// Where the engine's dispatcher is. Shared by the engine's workflows.
+pub struct Dispatcher {
+    slot: watch::Sender<Slot>,
+}
+
+impl Dispatcher {
+    pub fn new() -> Dispatcher {
+        Dispatcher {
+            slot: watch::Sender::new(Slot::Empty),
+        }
+    }
+
+    fn register(&self, pid: LocalPid) {
+        self.slot.send_replace(Slot::Up(pid));
+    }
+
+    fn close(&self, pid: LocalPid) {
+        self.slot.send_if_modified(|s| {
+            let mine = *s == Slot::Up(pid);
+            if mine {
+                *s = Slot::Closed;
+            }
+            mine
+        });
+    }
+
+    /// Sends `{:gen_durable_cancel, pid}`, waiting for a dispatcher if none
+    /// is registered. Gives up if none comes: the step's process is then
+    /// stopped with the rest of the tree.
+    fn kill(self: &Arc<Self>, pid: LocalPid) {
+        let this = self.clone();
+        runtime().spawn(async move {
+            let mut slot = this.slot.subscribe();
+            let deadline = Instant::now() + DISPATCHER_WAIT;
+            loop {
+                match *slot.borrow_and_update() {
+                    Slot::Closed => return,
+                    Slot::Up(d)
+                        if send(d, |env| (atoms::gen_durable_cancel(), pid).encode(env)) =>
+                    {
+                        return
+                    }
+                    _ => {}
+                }
+                if tokio::time::timeout_at(deadline, slot.changed())
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+            }
+        });
+    }
+}
+
+/// Sends a small message from a thread the BEAM does not manage.
+fn send<F>(to: LocalPid, message: F) -> bool
+where
+    F: for<'a> FnOnce(Env<'a>) -> Term<'a>,
+{
+    OwnedEnv::new().send_and_clear(&to, message).is_ok()
+}
+
+// ---------------------------------------------------------------------------
+// The step handle
+
+/// What the process running a step gets from `step_begin/1`.
+struct StepData {
+    module: String,
+    step: String,
+    state: Value,
+    ctx: StepContext,
+}
+
+#[derive(Default)]
+struct StepInner {
+    /// The answer's way back; `None` once answered (or stopped).
+    tx: Option<oneshot::Sender<Transition>>,
+    /// Until a process takes the step.
+    data: Option<StepData>,
+    /// The process that took it.
+    runner: Option<LocalPid>,
+}
+
+impl StepInner {
+    fn answer(&mut self, t: Transition) -> bool {
+        self.data = None;
+        match self.tx.take() {
+            Some(tx) => {
+                let _ = tx.send(t);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Not taken by any process yet, and not answered.
+    fn unclaimed(&self) -> bool {
+        self.tx.is_some() && self.data.is_some()
+    }
+}
+
+/// The handle of one step run by Elixir.
+pub struct StepRes {
+    inner: Arc<Mutex<StepInner>>,
+}
+
+#[rustler::resource_impl]
+impl rustler::Resource for StepRes {
+    /// The process that took the step exited. If it never answered, its
+    /// dispatcher answers with the exit reason; should that dispatcher be
+    /// gone too, the step is answered here after a grace period.
+    fn down<'a>(&'a self, _env: Env<'a>, pid: LocalPid, _mon: Monitor) {
+        let pending = {
+            let s = lock(&self.inner);
+            s.tx.is_some() && s.runner == Some(pid)
+        };
+        if !pending {
+            return;
+        }
+        let inner = self.inner.clone();
+        runtime().spawn(async move {
+            tokio::time::sleep(EXIT_GRACE).await;
+            let mut s = lock(&inner);
+            if s.runner == Some(pid) {
+                s.answer(Transition::Error {
+                    reason: "the step's process exited without answering".into(),
+                    detail: None,
+                });
+            }
+        });
+    }
+}
+
+/// Snoozes the step if no process took it yet: it runs again later, without
+/// counting an attempt. Returns whether it did.
+fn snooze_unclaimed(handle: &StepRes) -> bool {
+    let mut s = lock(&handle.inner);
+    s.unclaimed() && s.answer(Transition::snooze(RETRY_AFTER))
+}
+
+// ---------------------------------------------------------------------------
+// The workflow adapter
+
+pub struct ElixirWorkflow {
+    pub dispatcher: Arc<Dispatcher>,
+    pub module: String,
+}
+
+#[gendurable::async_trait]
+impl Workflow for ElixirWorkflow {
+    async fn step(&self, step: &str, state: Value, ctx: StepContext) -> StepResult {
+        let (tx, mut rx) = oneshot::channel();
+        let handle = ResourceArc::new(StepRes {
+            inner: Arc::new(Mutex::new(StepInner {
+                tx: Some(tx),
+                data: Some(StepData {
+                    module: self.module.clone(),
+                    step: step.to_owned(),
+                    state,
+                    ctx,
+                }),
+                runner: None,
+            })),
+        });
+        // If the core drops this future (it stops the step) before the
+        // answer came, the guard has the step's process killed.
+        let guard = CancelOnDrop {
+            dispatcher: self.dispatcher.clone(),
+            handle: Some(handle.clone()),
+        };
+        let mut slot = self.dispatcher.slot.subscribe();
+        let mut deadline = None;
+        loop {
+            // Send (again) while no process took the step.
+            let sent = match *slot.borrow_and_update() {
+                Slot::Up(pid) => {
+                    !lock(&handle.inner).unclaimed()
+                        || send(pid, |env| {
+                            (atoms::gen_durable_step(), handle.clone()).encode(env)
+                        })
+                }
+                Slot::Closed => {
+                    snooze_unclaimed(&handle);
+                    true
+                }
+                Slot::Empty => false,
+            };
+            // Without a dispatcher, wait a bounded time for one.
+            deadline = if sent {
+                None
+            } else {
+                Some(deadline.unwrap_or_else(|| Instant::now() + DISPATCHER_WAIT))
+            };
+            tokio::select! {
+                answer = &mut rx => {
+                    guard.disarm();
+                    return Ok(answer.unwrap_or_else(|_| Transition::Error {
+                        reason: "the Elixir step ended without an answer".into(),
+                        detail: None,
+                    }));
+                }
+                // A new dispatcher, or the slot closed.
+                _ = slot.changed() => {}
+                _ = tokio::time::sleep_until(deadline.unwrap_or_else(Instant::now)), if deadline.is_some() => {
+                    snooze_unclaimed(&handle);
+                }
+            }
+        }
+    }
+}
+
+/// Held while a step runs in Elixir. Dropped armed (the core stopped the
+/// step: shutdown timeout, claim lost, successor not admitted), it settles
+/// the handle so that no process takes the step any more, and has the
+/// process running it, if any, killed. A later `step_reply/2` does nothing.
+struct CancelOnDrop {
+    dispatcher: Arc<Dispatcher>,
+    handle: Option<ResourceArc<StepRes>>,
+}
+
+impl CancelOnDrop {
+    fn disarm(mut self) {
+        self.handle = None;
+    }
+}
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        let Some(handle) = self.handle.take() else {
+            return;
+        };
+        let runner = {
+            let mut s = lock(&handle.inner);
+            let answered = s.tx.take().is_none();
+            s.data = None;
+            if answered {
+                return;
+            }
+            s.runner
+        };
+        if let Some(pid) = runner {
+            self.dispatcher.kill(pid);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// NIFs called by the dispatcher and the step processes
+
+/// Registers the calling process as the engine's dispatcher.
+#[rustler::nif]
+fn dispatcher_register(env: Env, res: ResourceArc<crate::EngineRes>) -> Atom {
+    res.tree.dispatcher.register(env.pid());
+    atoms::ok()
+}
+
+/// The calling dispatcher stops for good: steps no process took yet are
+/// snoozed rather than sent.
+#[rustler::nif]
+fn dispatcher_close(env: Env, res: ResourceArc<crate::EngineRes>) -> Atom {
+    res.tree.dispatcher.close(env.pid());
+    atoms::ok()
+}
+
+/// Takes a step for the calling process: `{:ok, module, step, state, ctx}`,
+/// or `:skip` when another process took it or it was settled. The terms are
+/// built here, in the caller's environment, on a dirty scheduler: a state
+/// of any size neither blocks a normal scheduler nor leaves its thread.
+#[rustler::nif(schedule = "DirtyCpu")]
+fn step_begin(env: Env, handle: ResourceArc<StepRes>) -> Term {
+    let data = {
+        let mut s = lock(&handle.inner);
+        if !s.unclaimed() {
+            return atoms::skip().encode(env);
+        }
+        let pid = env.pid();
+        s.runner = Some(pid);
+        // Answers the step should this process die without the dispatcher
+        // that started it being there to do so (see StepRes::down).
+        handle.monitor(Some(env), &pid);
+        s.data.take().expect("unclaimed")
+    };
+    let module = Atom::from_str(env, &data.module)
+        .map(|a| a.encode(env))
+        .unwrap_or_else(|_| data.module.encode(env));
+    (
+        atoms::ok(),
+        module,
+        data.step.as_str(),
+        json_to_term(env, &data.state),
+        context_term(env, &data.ctx),
+    )
+        .encode(env)
+}
+
+/// Answers a step. An undecodable result answers it with an error outcome
+/// saying why, and returns `{:error, message}`; `:already_replied` if it was
+/// answered or stopped before. Runs on a dirty scheduler: a result of any
+/// size is converted without blocking a normal one.
+#[rustler::nif(schedule = "DirtyCpu")]
+fn step_reply<'a>(env: Env<'a>, handle: ResourceArc<StepRes>, result: Term<'a>) -> Term<'a> {
+    if lock(&handle.inner).tx.is_none() {
+        return atoms::already_replied().encode(env);
+    }
+    let (t, out) = match decode_transition(result) {
+        Ok(t) => (t, atoms::ok().encode(env)),
+        Err(e) => {
+            let reason = format!("invalid step result: {e}");
+            let t = Transition::Error {
+                reason: reason.clone(),
+                detail: None,
+            };
+            (t, (atoms::error(), reason).encode(env))
+        }
+    };
+    if lock(&handle.inner).answer(t) {
+        out
+    } else {
+        atoms::already_replied().encode(env)
+    }
+}
+
+/// A process the dispatcher started for a step exited without answering.
+/// If it had taken the step, the step is answered with an error saying
+/// `reason`; if no process took the step, it is snoozed (it never ran, so
+/// the attempt does not count). With `pid` nil: only the latter, for steps
+/// left in a stopping dispatcher's mailbox.
+#[rustler::nif]
+fn step_exited(handle: ResourceArc<StepRes>, pid: Option<LocalPid>, reason: String) -> Atom {
+    let mut s = lock(&handle.inner);
+    if s.unclaimed() {
+        s.answer(Transition::snooze(RETRY_AFTER));
+    } else if pid.is_some() && s.runner == pid {
+        s.answer(Transition::Error {
+            reason,
+            detail: None,
+        });
+    }
+    atoms::ok()
+}
+
+// ---------------------------------------------------------------------------
+// Terms
+
+fn context_term<'a>(env: Env<'a>, ctx: &StepContext) -> Term<'a> {
+    let wake = match &ctx.wake {
+        None => atoms::nil().encode(env),
+        Some(Wake::Timeout) => atoms::timeout().encode(env),
+        Some(Wake::Signal { name, payload }) => {
+            (atoms::signal(), name.as_str(), json_to_term(env, payload)).encode(env)
+        }
+    };
+    let keys = [
+        atoms::struct_().encode(env),
+        atoms::id().encode(env),
+        atoms::workflow().encode(env),
+        atoms::queue().encode(env),
+        atoms::attempt().encode(env),
+        atoms::max_attempts().encode(env),
+        atoms::concurrency_key().encode(env),
+        atoms::rate_limit().encode(env),
+        atoms::wake().encode(env),
+    ];
+    let values = [
+        Atom::from_str(env, "Elixir.GenDurable.Context")
+            .unwrap()
+            .encode(env),
+        ctx.id.encode(env),
+        ctx.workflow.encode(env),
+        ctx.queue.encode(env),
+        ctx.attempt.encode(env),
+        ctx.max_attempts.encode(env),
+        ctx.concurrency_key.encode(env),
+        ctx.rate_limit.encode(env),
+        wake,
+    ];
+    Term::map_from_term_arrays(env, &keys, &values).unwrap()
+}
+
+fn ms(v: Option<u64>) -> Option<Duration> {
+    v.map(Duration::from_millis)
+}
+
+/// Decodes a normalized step result (see `GenDurable.Runner`):
+///
+/// * `{:next, step, state, key_change, rate_limit | nil, delay_ms | nil}`,
+///   key_change = `:keep | :release | {:set, key}`
+/// * `{:done, state}`
+/// * `{:await, step, state, signal | nil, timeout_ms | nil, until_us | nil}`
+/// * `{:snooze, ms}` · `{:error, reason, detail | nil}` · `{:cancel, reason}`
+fn decode_transition(term: Term) -> Result<Transition, String> {
+    let t = get_tuple(term).map_err(|_| "a step result must be a tuple".to_string())?;
+    let tag: Atom = t
+        .first()
+        .ok_or("empty tuple")?
+        .decode()
+        .map_err(|_| "a step result must start with an atom".to_string())?;
+    let text = |i: usize, what: &str| -> Result<String, String> {
+        t[i].decode::<String>()
+            .map_err(|_| format!("{what} must be a string"))
+    };
+    let opt_u64 = |i: usize, what: &str| -> Result<Option<u64>, String> {
+        t[i].decode::<Option<u64>>()
+            .map_err(|_| format!("{what} must be a non-negative integer (milliseconds)"))
+    };
+    let state = |i: usize| -> Result<Value, String> {
+        let v = term_to_json(t[i]).map_err(|e| format!("the state is not JSON: {e}"))?;
+        if !v.is_object() {
+            return Err("the state must be a map".into());
+        }
+        Ok(v)
+    };
+    if tag == atoms::next() && t.len() == 6 {
+        let key = if t[3].decode::<Atom>().ok() == Some(atoms::keep()) {
+            KeyChange::Keep
+        } else if t[3].decode::<Atom>().ok() == Some(atoms::release()) {
+            KeyChange::Release
+        } else {
+            let (_, k): (Atom, String) = t[3]
+                .decode()
+                .map_err(|_| "the concurrency key must be a string".to_string())?;
+            KeyChange::Set(ConcurrencyKey::from(k))
+        };
+        let rate_limit = t[4]
+            .decode::<Option<String>>()
+            .map_err(|_| "rate_limit must be a string".to_string())?;
+        Ok(Transition::next_with(
+            text(1, "the step")?,
+            state(2)?,
+            NextOptions {
+                concurrency_key: key,
+                rate_limit,
+                delay: ms(opt_u64(5, "schedule_in")?),
+            },
+        ))
+    } else if tag == atoms::done() && t.len() == 2 {
+        Ok(Transition::done(state(1)?))
+    } else if tag == atoms::await_() && t.len() == 6 {
+        let signal = t[3]
+            .decode::<Option<String>>()
+            .map_err(|_| "signal must be a string".to_string())?;
+        let until = match t[5]
+            .decode::<Option<i64>>()
+            .map_err(|_| "until must be a DateTime".to_string())?
+        {
+            Some(us) => {
+                Some(chrono::DateTime::from_timestamp_micros(us).ok_or("until is out of range")?)
+            }
+            None => None,
+        };
+        Ok(Transition::await_on(
+            text(1, "the step")?,
+            state(2)?,
+            AwaitOn {
+                signal,
+                timeout: ms(opt_u64(4, "timeout")?),
+                until,
+            },
+        ))
+    } else if tag == atoms::snooze() && t.len() == 2 {
+        let d = t[1]
+            .decode::<u64>()
+            .map_err(|_| "snooze takes non-negative milliseconds".to_string())?;
+        Ok(Transition::snooze(Duration::from_millis(d)))
+    } else if tag == atoms::error() && t.len() == 3 {
+        Ok(Transition::Error {
+            reason: text(1, "the reason")?,
+            detail: t[2]
+                .decode::<Option<String>>()
+                .map_err(|_| "the detail must be a string".to_string())?,
+        })
+    } else if tag == atoms::cancel() && t.len() == 2 {
+        Ok(Transition::cancel(text(1, "the reason")?))
+    } else {
+        Err("not a step result".into())
+    }
+}
