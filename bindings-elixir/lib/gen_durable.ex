@@ -560,8 +560,30 @@ defmodule GenDurable do
 
   defp workflow(wf) when is_binary(wf), do: string(wf, :workflow)
 
-  defp workflow(wf) when is_atom(wf) and wf not in [nil, true, false],
-    do: {:ok, workflow_name(wf)}
+  defp workflow(wf) when is_atom(wf) and wf not in [nil, true, false] do
+    cond do
+      function_exported?(wf, :__gen_durable_workflow__, 0) ->
+        {:ok, workflow_name(wf)}
+
+      not Code.ensure_loaded?(wf) ->
+        {:error,
+         Error.input(
+           :workflow,
+           "invalid workflow: no module #{inspect(wf)} is available; a workflow that " <>
+             "only other nodes define is inserted by its name, as a string"
+         )}
+
+      function_exported?(wf, :__gen_durable_workflow__, 0) ->
+        {:ok, workflow_name(wf)}
+
+      true ->
+        {:error,
+         Error.input(
+           :workflow,
+           "invalid workflow: #{inspect(wf)} is not a workflow (it does not `use GenDurable`)"
+         )}
+    end
+  end
 
   defp workflow(wf),
     do:

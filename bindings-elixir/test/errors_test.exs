@@ -82,6 +82,25 @@ defmodule GenDurable.ErrorsTest do
     assert {:ok, %{status: :available}} = GenDurable.get(id, engine: e)
   end
 
+  test "a module that is not a workflow is refused", %{engine: e} do
+    assert {:error, %Error{kind: :invalid_input, field: :workflow, message: m}} =
+             GenDurable.insert(Enum, engine: e)
+
+    assert m =~ "Enum is not a workflow (it does not `use GenDurable`)"
+
+    assert {:error, %Error{field: :workflow, message: m}} =
+             GenDurable.insert(No.Such.Module, engine: e)
+
+    assert m =~ "no module No.Such.Module is available"
+    assert m =~ "by its name, as a string"
+
+    assert {:error, %Error{field: :workflow, message: m}} =
+             GenDurable.insert_all([{Steps, []}, {String, []}], engine: e)
+
+    assert m =~ "String is not a workflow"
+    assert m =~ "instance 1 of 2; nothing was inserted"
+  end
+
   test "insert_all: nothing is inserted when one instance is bad", %{engine: e} do
     assert {:error, %Error{field: :priority, message: m}} =
              GenDurable.insert_all([{Steps, []}, {Steps, priority: 99}], engine: e)
