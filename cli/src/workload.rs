@@ -15,7 +15,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 #[derive(clap::Args)]
 pub struct Args {
     /// w1 (no-op), w2 (100 K = 1 keys, 5 ms), w3 (one gate of 10, 20 ms),
-    /// w4 (insert-to-start latency at 50/s) or raw (a plain SKIP LOCKED loop).
+    /// w4 (insert-to-start latency at 50/s), w5 (unrelated no-op jobs behind
+    /// blocked backlogs) or raw (a plain SKIP LOCKED loop).
     workload: String,
     /// Steps at once (for raw: claim loops at once).
     #[arg(long, default_value_t = 20)]
@@ -32,6 +33,10 @@ pub struct Args {
     /// raw: rows claimed per statement.
     #[arg(long, default_value_t = 100)]
     batch: i64,
+    /// w5: rows in each blocked backlog (the gate's and the K = 1 key's; the
+    /// rate-limited one has a tenth).
+    #[arg(long, default_value_t = 1_000_000)]
+    backlog: usize,
 }
 
 /// Start and end of each job, in wall-clock nanoseconds.
@@ -60,11 +65,12 @@ pub async fn run(args: Args) -> Result<()> {
             timed_run(&node, "w3", n, gate, pause, &args.record, make).await?
         }
         "w4" => w4(&node, args.jobs.unwrap_or(500)).await?,
+        "w5" => w5(&node, args.jobs.unwrap_or(20_000), args.backlog).await?,
         "raw" => {
             let n = args.jobs.unwrap_or(20_000);
             raw(&node.url, args.concurrency, n, args.batch).await?
         }
-        other => bail!("unknown workload {other:?}: expected w1, w2, w3, w4 or raw"),
+        other => bail!("unknown workload {other:?}: expected w1, w2, w3, w4, w5 or raw"),
     };
     println!("{out}");
     Ok(())
@@ -314,6 +320,119 @@ async fn w4(node: &Node, n: usize) -> Result<serde_json::Value> {
             "p99_ms": total(0.99),
             "after_insert_p50_ms": after_commit(0.50),
             "after_insert_p99_ms": after_commit(0.99),
+        }),
+    ))
+}
+
+/// Unrelated no-op jobs behind blocked backlogs: `backlog` rows of a gate of
+/// 10 and as many of one K = 1 key (each step 1 s), and a tenth as many under
+/// a rate limit of 50 a second, all inserted first; then `n` no-op jobs with
+/// no key at the same priority. Their rate is the result (to compare with
+/// W1's), with the p99 of the node's claiming calls and what the blocked keys
+/// ran meanwhile.
+async fn w5(node: &Node, n: usize, backlog: usize) -> Result<serde_json::Value> {
+    #[derive(Default)]
+    struct Ran {
+        free: Option<(Instant, Instant, usize)>,
+        gate: usize,
+        key: usize,
+        rate: usize,
+    }
+    let ran: Arc<Mutex<Ran>> = Arc::default();
+    let seen = ran.clone();
+    let engine = node
+        .builder()
+        .concurrency_limit("api", GateConfig::new(10))
+        .rate_limit(
+            "rl",
+            gendurable::RateConfig::new(50, Duration::from_secs(1)),
+        )
+        .workflow_fn("Job", move |_step, state, ctx| {
+            let seen = seen.clone();
+            async move {
+                let key = ctx.concurrency_key.as_deref();
+                if key.is_some() {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+                let mut r = seen.lock().unwrap();
+                match (key, ctx.rate_limit.as_deref()) {
+                    (Some("api:1"), _) => r.gate += 1,
+                    (Some(_), _) => r.key += 1,
+                    (None, Some(_)) => r.rate += 1,
+                    (None, None) => {
+                        let now = Instant::now();
+                        let f = r.free.get_or_insert((now, now, 0));
+                        f.1 = now;
+                        f.2 += 1;
+                    }
+                }
+                Ok(Transition::done(state))
+            }
+        })
+        .build()
+        .await?;
+    let rated = backlog / 10;
+    let progress = bar("insert", 2 * backlog + rated + n)?;
+    let chunk = 50_000;
+    for (count, make) in [
+        (
+            backlog,
+            (|| NewInstance::new("Job", json!({})).concurrency_key("api:1")) as fn() -> NewInstance,
+        ),
+        (backlog, || {
+            NewInstance::new("Job", json!({})).concurrency_key("acct:1")
+        }),
+        (rated, || {
+            NewInstance::new("Job", json!({})).rate_limit("rl:1")
+        }),
+        (n, || NewInstance::new("Job", json!({}))),
+    ] {
+        let mut left = count;
+        while left > 0 {
+            let k = left.min(chunk);
+            engine.insert_many((0..k).map(|_| make()).collect()).await?;
+            left -= k;
+            progress.inc(k as u64);
+        }
+    }
+    progress.finish_and_clear();
+    let bar = bar("w5", n)?;
+    let t = Instant::now();
+    engine.start().await?;
+    loop {
+        let done = ran.lock().unwrap().free.map_or(0, |f| f.2);
+        bar.set_position(done as u64);
+        if done >= n {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let secs = t.elapsed().as_secs_f64();
+    bar.finish_and_clear();
+    let stats = engine.stats();
+    let p99 = stats.pick_latency(0.99).as_secs_f64() * 1e3;
+    let (gate, key, rate) = {
+        let r = ran.lock().unwrap();
+        (r.gate, r.key, r.rate)
+    };
+    engine.shutdown().await?;
+    eprintln!(
+        "w5: {}; meanwhile the gate ran {gate}, the K = 1 key {key}, the rate limit {rate} ({:.1}, {:.1}, {:.1}/s)",
+        amortised(&stats.snapshot()),
+        gate as f64 / secs,
+        key as f64 / secs,
+        rate as f64 / secs
+    );
+    Ok(result(
+        "w5",
+        n,
+        secs,
+        json!({
+            "pick_p99_ms": p99,
+            "backlog": backlog,
+            "gate_per_s": gate as f64 / secs,
+            "key_per_s": key as f64 / secs,
+            "rate_per_s": rate as f64 / secs,
         }),
     ))
 }

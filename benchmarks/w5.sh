@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# W5: unrelated no-op jobs behind blocked backlogs, beside W1 in the same
+# run. Each round runs `gendurable workload w1` and then `gendurable workload
+# w5` (each in a fresh schema): W5 inserts `backlog` rows of a gate of 10 and
+# as many of one busy K = 1 key (1 s steps), a tenth as many under a rate
+# limit of 50/s, then `jobs` unrelated no-op jobs at the same priority, and
+# times those. Prints each run's JSON line, then the medians and W5 / W1.
+#
+#   benchmarks/w5.sh [rounds] [backlog] [jobs]        # default 3 1000000 20000
+#
+# On DATABASE_URL, or a throwaway PostgreSQL per run when it is unset.
+set -euo pipefail
+rounds=${1:-3} backlog=${2:-1000000} jobs=${3:-20000}
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+cli="$here/../target/release/gendurable"
+cargo build -q --release --locked -p gendurable-cli --manifest-path "$here/../Cargo.toml"
+out=$(mktemp)
+for r in $(seq "$rounds"); do
+    echo "round $r/$rounds" >&2
+    "$cli" workload w1 --jobs "$jobs" | tee -a "$out"
+    "$cli" workload w5 --jobs "$jobs" --backlog "$backlog" | tee -a "$out"
+done
+python3 - "$out" <<'PY'
+import json, statistics, sys
+runs = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+med = lambda w, k: statistics.median(r[k] for r in runs if r["workload"] == w)
+w1, w5 = med("w1", "jobs_per_s"), med("w5", "jobs_per_s")
+print(f"W1 {w1:,.0f} jobs/s; W5 {w5:,.0f} jobs/s = {w5 / w1:.2f} of W1; "
+      f"W5 claiming-call p99 {med('w5', 'pick_p99_ms'):.1f} ms; meanwhile per second: "
+      f"gate {med('w5', 'gate_per_s'):.1f} (limit 10), K = 1 key {med('w5', 'key_per_s'):.2f} (1), "
+      f"rate limit {med('w5', 'rate_per_s'):.1f} (50)")
+PY
+rm -f "$out"
