@@ -25,6 +25,10 @@
 -- blocked rows; it takes the window in a statement of its own and, after
 -- its claims, parks the window's rows it found blocked.
 
+-- Each node records the workflows it runs, so that `status` can tell rows no
+-- live node will run.
+ALTER TABLE nodes ADD COLUMN workflows jsonb;
+
 ALTER TABLE instances ADD COLUMN parked text;
 ALTER TABLE instances ADD CONSTRAINT instances_parked_check CHECK (parked IN ('key', 'rate'));
 

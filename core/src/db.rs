@@ -77,12 +77,15 @@ impl Sql {
             get: q(&format!("SELECT {INSTANCE_COLUMNS} FROM __S__.instances WHERE id = $1")),
             signal: q(include_str!("sql/signal.sql")),
             cancel: q(include_str!("sql/cancel.sql")),
-            // Also answers how many other nodes are alive (heartbeat within
+            // Registers the node's queues ($4) and workflows ($6). Also
+            // answers how many other nodes are alive (heartbeat within
             // $5 s), and how many seconds ago this node's previous heartbeat
             // was recorded (NULL: none, or its row was deleted as dead).
             heartbeat: q("WITH prev AS (SELECT heartbeat_at FROM __S__.nodes WHERE id = $1),
-                          beat AS (INSERT INTO __S__.nodes (id, hostname, pid, queues) VALUES ($1, $2, $3, $4)
-                                   ON CONFLICT (id) DO UPDATE SET heartbeat_at = now(), queues = excluded.queues
+                          beat AS (INSERT INTO __S__.nodes (id, hostname, pid, queues, workflows)
+                                   VALUES ($1, $2, $3, $4, $6)
+                                   ON CONFLICT (id) DO UPDATE SET heartbeat_at = now(), queues = excluded.queues,
+                                                                  workflows = excluded.workflows
                                    RETURNING 1)
                           SELECT (SELECT count(*) FROM __S__.nodes n
                                   WHERE n.id <> $1 AND n.heartbeat_at > now() - make_interval(secs => $5)),

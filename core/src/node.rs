@@ -1329,6 +1329,7 @@ async fn heartbeat<'e>(inner: &Inner, exec: impl sqlx::PgExecutor<'e>) -> Result
         .bind(std::process::id() as i32)
         .bind(queues)
         .bind(inner.cfg.lease.as_secs_f64())
+        .bind(serde_json::to_value(inner.workflows.keys().collect::<Vec<_>>()).unwrap_or_default())
         .fetch_one(exec)
         .await?;
     let others: i64 = row.try_get(0)?;
