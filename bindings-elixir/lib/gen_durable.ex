@@ -562,9 +562,6 @@ defmodule GenDurable do
 
   defp workflow(wf) when is_atom(wf) and wf not in [nil, true, false] do
     cond do
-      function_exported?(wf, :__gen_durable_workflow__, 0) ->
-        {:ok, workflow_name(wf)}
-
       not Code.ensure_loaded?(wf) ->
         {:error,
          Error.input(

@@ -55,6 +55,17 @@ defmodule GenDurable.TestHelper do
 
   def notify(_, _, _), do: :ok
 
+  @doc "Runs a query with psql; returns its rows, fields separated by |."
+  def sql(query) do
+    {out, status} =
+      System.cmd("psql", [url(), "-X", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-c", query],
+        stderr_to_stdout: true
+      )
+
+    if status != 0, do: raise("psql failed: #{out}")
+    String.split(out, "\n", trim: true)
+  end
+
   @doc "Waits for a condition that has no event (e.g. an outcome written)."
   def eventually(fun, timeout \\ 30_000) do
     deadline = System.monotonic_time(:millisecond) + timeout

@@ -119,3 +119,54 @@ defmodule GenDurableTest.Limited do
   defp run("start", s), do: {:next, "call_api", s}
   defp run(_step, s), do: {:done, s}
 end
+
+defmodule GenDurableTest.RoundTrip do
+  @moduledoc false
+  # Shows the test process (named in the state's "test") the state and the
+  # wake-up each step gets; awaits a signal named after the instance, then
+  # finishes with the state it was given.
+  use GenDurable
+
+  @impl true
+  def handle_step("start", state, ctx) do
+    report(state, "start", ctx)
+    {:await, "woken", state, signal: "rt:#{ctx.id}"}
+  end
+
+  def handle_step("woken", state, ctx) do
+    report(state, "woken", ctx)
+    {:done, state}
+  end
+
+  defp report(%{"test" => test} = state, step, ctx) do
+    send(String.to_existing_atom(test), {:rt, ctx.id, step, state, ctx.wake})
+  end
+end
+
+defmodule GenDurableTest.Churn do
+  @moduledoc false
+  # Two short steps, for runs where processes of the tree are killed.
+  use GenDurable
+
+  @impl true
+  def handle_step("start", state, _ctx) do
+    Process.sleep(:rand.uniform(20))
+    {:next, "finish", state}
+  end
+
+  def handle_step("finish", state, _ctx), do: {:done, Map.put(state, "done", true)}
+end
+
+defmodule GenDurableTest.Big do
+  @moduledoc false
+  # Large values crossing the NIF: a step result of `state["list"]`
+  # integers, or a signal payload whose length the next step records.
+  use GenDurable
+
+  @impl true
+  def handle_step("start", %{"list" => n}, _ctx), do: {:done, %{"list" => :lists.seq(1, n)}}
+  def handle_step("start", state, _ctx), do: {:await, "woken", state, signal: state["signal"]}
+
+  def handle_step("woken", state, %{wake: {:signal, _, payload}}),
+    do: {:done, Map.put(state, "length", length(payload))}
+end
