@@ -35,6 +35,8 @@ defmodule GenDurable.Native do
   def bulkhead_limit(_name), do: nif()
   def bulkhead_reset(_name), do: nif()
   def bench_rust_noop(_url, _schema, _n, _concurrency, _ref), do: nif()
+  def status(_url, _schema, _keys, _gates, _connect_timeout, _ref), do: nif()
+  def migrate(_url, _schema, _connect_timeout, _ref), do: nif()
 
   @doc false
   # Calls an asynchronous NIF and waits (in `receive`, not on a scheduler) for

@@ -18,6 +18,7 @@
 //! semantic lives in the core.
 
 mod convert;
+mod status;
 mod step;
 
 use convert::{json_to_term, term_to_json};
