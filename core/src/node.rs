@@ -802,8 +802,8 @@ fn hand_back(sh: &Shared, rows: Vec<Claimed>) {
 /// successor takes its predecessor's), run the step, queue its outcome, and
 /// start the key's reserved successor in the slot, if there is one.
 /// `promotion`: a successor's, settled when the call recording its
-/// predecessor's outcome is written; a successor not promoted there was not
-/// admitted, so it is stopped and its outcome never sent.
+/// predecessor's outcome is written; the successor starts only once
+/// promoted (not promoted, it goes back unstarted).
 fn spawn_step(
     sh: &Arc<Shared>,
     row: Claimed,
@@ -830,11 +830,19 @@ fn spawn_step(
                 run = runs.acquire_owned() => run.ok(),
             },
         };
+        // A successor starts once the call recording its predecessor's
+        // outcome has promoted it: before that the database does not count
+        // its attempt, so a step that kills its process would never reach
+        // max_attempts. Not promoted, it was never admitted.
+        if let Some(p) = promotion {
+            if p.await != Ok(true) {
+                not_admitted(&sh, &row);
+                return;
+            }
+        }
         // A node that may have been presumed dead starts nothing: its rows
-        // may run elsewhere already. A successor has no claim to give back
-        // until its promotion, which it waits for below.
-        let run = run.filter(|_| promotion.is_some() || sh.live.is_live());
-        let Some(run) = run else {
+        // may run elsewhere already.
+        let Some(run) = run.filter(|_| sh.live.is_live()) else {
             drop(claim);
             hand_back(&sh, vec![row]);
             return;
@@ -866,7 +874,7 @@ fn spawn_step(
         let (step, state) = (row.step.clone(), row.state.clone());
         let wf = workflow.clone();
         let began = Instant::now();
-        let mut user = tokio::spawn(async move { wf.step(&step, state, ctx).await });
+        let user = tokio::spawn(async move { wf.step(&step, state, ctx).await });
         let ended = CancellationToken::new();
         lock(&sh.running).insert(
             row.id,
@@ -877,27 +885,7 @@ fn spawn_step(
             },
         );
         let _ended = ended.drop_guard();
-        // A successor runs while its promotion is being written; if it was
-        // not admitted, it is stopped at once.
-        let mut promotion = promotion;
-        let result = loop {
-            match promotion.as_mut() {
-                None => break (&mut user).await,
-                Some(p) => tokio::select! {
-                    r = &mut user => break r,
-                    admitted = p => {
-                        promotion = None;
-                        if admitted != Ok(true) {
-                            user.abort();
-                            let _ = (&mut user).await;
-                            forget_running(&sh, &row);
-                            not_admitted(&sh, &row);
-                            return;
-                        }
-                    }
-                },
-            }
-        };
+        let result = user.await;
         sh.prefetch[&row.queue].ran(began.elapsed());
         forget_running(&sh, &row);
         if result.as_ref().is_err_and(|j| j.is_cancelled()) && !sh.shutdown.is_cancelled() {
@@ -929,13 +917,6 @@ fn spawn_step(
                 "aborted: the step did not finish within the shutdown timeout".into(),
             ),
         };
-        // A successor whose step ended before its promotion was settled.
-        if let Some(p) = promotion {
-            if p.await != Ok(true) {
-                not_admitted(&sh, &row);
-                return;
-            }
-        }
         let next = if sh.shutdown.is_cancelled() || !sh.live.is_live() {
             sh.successors(|s| s.release(&row));
             None
@@ -989,13 +970,13 @@ fn forget_running(sh: &Shared, row: &Claimed) {
 
 /// A successor whose promotion did not happen (its predecessor's outcome
 /// was fenced: the predecessor's row was rescued or given back). It was
-/// never admitted, so nothing it did is recorded; its reservation, if the
-/// node still has it, goes back.
+/// never admitted and never started; its reservation, if the node still has
+/// it, goes back.
 fn not_admitted(sh: &Shared, row: &Claimed) {
     Stats::add(&sh.inner.stats.not_admitted, 1);
     tracing::warn!(
         id = row.id,
-        "a successor was not admitted (its predecessor's outcome was fenced); its run is dropped"
+        "a successor was not admitted (its predecessor's outcome was fenced); it goes back"
     );
     forget_held(sh, row);
     sh.successors(|s| {
@@ -1398,8 +1379,7 @@ async fn heartbeats(sh: Arc<Shared>) {
 }
 
 /// Stop the running steps whose claim the database no longer holds for this
-/// node (rescued while the node was presumed dead). A successor waiting for
-/// its promotion is left alone: the promotion settles it.
+/// node (rescued while the node was presumed dead).
 async fn stop_lost_steps(sh: &Shared, conn: &mut sqlx::PgConnection) -> Result<()> {
     let rows = sqlx::query(&sh.inner.sql.held_by_node)
         .bind(&sh.inner.cfg.node_id)
@@ -1407,10 +1387,9 @@ async fn stop_lost_steps(sh: &Shared, conn: &mut sqlx::PgConnection) -> Result<(
         .await?;
     let mut ours = HashSet::new();
     for r in &rows {
-        let (id, token): (i64, i64) = (r.try_get("id")?, r.try_get("token")?);
-        let executing: bool = r.try_get("executing")?;
-        // A reserved row runs here as a successor under the next token.
-        ours.insert((id, if executing { token } else { token + 1 }));
+        if r.try_get::<bool, _>("executing")? {
+            ours.insert((r.try_get::<i64, _>("id")?, r.try_get::<i64, _>("token")?));
+        }
     }
     let lost: Vec<(i64, AbortHandle)> = lock(&sh.running)
         .iter()
