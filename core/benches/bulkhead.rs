@@ -2,6 +2,8 @@
 //! `Mutex<usize>` counter.
 //!
 //! `cargo bench -p gendurable --bench bulkhead -- --warm-up-time 1 --measurement-time 2`
+//! (a filter that matches no benchmark, such as `-- paired-only`, prints the
+//! paired tables alone)
 //!
 //! Groups (each for limits 1, 16, 64 and 1024):
 //! - `uncontended`: one thread, acquire then release;
@@ -9,8 +11,11 @@
 //!   (time per attempt and thread; at limit 1 most attempts are refused);
 //! - `saturated`: every permit held, a refused attempt.
 //!
-//! Then a paired comparison of the uncontended and saturated costs that holds
-//! up on a busy machine (see `paired_report`).
+//! And `nearly_full`: limit 1024 with 1,023 permits held, acquire then release
+//! of the last one (the case where a search for a free slot would cost most).
+//!
+//! Then a paired comparison of the uncontended, nearly full and saturated
+//! costs that holds up on a busy machine (see `paired_report`).
 
 use std::hint::black_box;
 use std::sync::{Barrier, Mutex};
@@ -21,6 +26,8 @@ use gendurable::bulkhead::{Bulkhead, BulkheadConfig};
 use tokio::sync::Semaphore;
 
 const LIMITS: [usize; 4] = [1, 16, 64, 1024];
+/// The limit of the nearly full case, all of whose permits but one are held.
+const NEARLY_FULL: usize = 1024;
 
 /// The common baseline: a counter behind a lock.
 struct MutexCounter {
@@ -63,8 +70,18 @@ impl<T> Held for T {}
 trait Limiter: Sync {
     /// Acquire and release once; true if a permit was granted.
     fn cycle(&self) -> bool;
+    /// Hold `n` permits, for the nearly full and saturated cases.
+    fn hold(&self, n: usize) -> Box<dyn Held + '_>;
+    /// How many permits there are.
+    fn limit(&self) -> usize;
     /// Hold every permit, for the saturated group.
-    fn fill(&self) -> Box<dyn Held + '_>;
+    fn fill(&self) -> Box<dyn Held + '_> {
+        self.hold(self.limit())
+    }
+    /// Hold all permits but one, for the nearly full group.
+    fn fill_but_one(&self) -> Box<dyn Held + '_> {
+        self.hold(self.limit() - 1)
+    }
 }
 
 impl Limiter for Bulkhead {
@@ -75,11 +92,12 @@ impl Limiter for Bulkhead {
         // be hidden from the compiler except the outcome (by the caller).
         self.try_acquire().is_ok()
     }
-    fn fill(&self) -> Box<dyn Held + '_> {
-        let held: Vec<_> = (0..self.limit())
-            .map(|_| self.try_acquire().unwrap())
-            .collect();
+    fn hold(&self, n: usize) -> Box<dyn Held + '_> {
+        let held: Vec<_> = (0..n).map(|_| self.try_acquire().unwrap()).collect();
         Box::new(held)
+    }
+    fn limit(&self) -> usize {
+        Bulkhead::limit(self)
     }
 }
 
@@ -91,9 +109,12 @@ impl Limiter for Semaphore {
         // be hidden from the compiler except the outcome (by the caller).
         self.try_acquire().is_ok()
     }
-    fn fill(&self) -> Box<dyn Held + '_> {
-        let n = self.available_permits() as u32;
-        Box::new(self.try_acquire_many(n).unwrap())
+    fn hold(&self, n: usize) -> Box<dyn Held + '_> {
+        Box::new(self.try_acquire_many(n as u32).unwrap())
+    }
+    fn limit(&self) -> usize {
+        // Only ever asked before any permit is held.
+        self.available_permits()
     }
 }
 
@@ -102,11 +123,12 @@ impl Limiter for MutexCounter {
     fn cycle(&self) -> bool {
         self.try_acquire().is_some()
     }
-    fn fill(&self) -> Box<dyn Held + '_> {
-        let held: Vec<_> = (0..self.limit)
-            .map(|_| self.try_acquire().unwrap())
-            .collect();
+    fn hold(&self, n: usize) -> Box<dyn Held + '_> {
+        let held: Vec<_> = (0..n).map(|_| self.try_acquire().unwrap()).collect();
         Box::new(held)
+    }
+    fn limit(&self) -> usize {
+        self.limit
     }
 }
 
@@ -162,6 +184,17 @@ fn contended(c: &mut Criterion) {
     group.finish();
 }
 
+fn nearly_full(c: &mut Criterion) {
+    let mut group = c.benchmark_group("nearly_full");
+    for (name, limiter) in limiters(NEARLY_FULL) {
+        let _held = limiter.fill_but_one();
+        group.bench_function(BenchmarkId::new(name, "1023_of_1024"), |b| {
+            b.iter(|| assert!(limiter.cycle()))
+        });
+    }
+    group.finish();
+}
+
 fn saturated(c: &mut Criterion) {
     let mut group = c.benchmark_group("saturated");
     for limit in LIMITS {
@@ -186,17 +219,50 @@ fn saturated(c: &mut Criterion) {
 fn paired_report() {
     const ROUNDS: usize = 200;
     const CYCLES: u32 = 100_000;
-    for saturated in [false, true] {
-        let all: Vec<_> = LIMITS.iter().map(|&limit| limiters(limit)).collect();
-        let _held: Vec<_> = if saturated {
-            all.iter().flatten().map(|(_, l)| l.fill()).collect()
-        } else {
-            Vec::new()
-        };
-        for (_, limiter) in all.iter().flatten() {
-            assert_eq!(limiter.cycle(), !saturated);
+    #[derive(Clone, Copy, PartialEq)]
+    enum Held {
+        None,
+        AllButOne,
+        All,
+    }
+    let rows: Vec<(String, usize, Held)> = LIMITS
+        .iter()
+        .map(|&l| (l.to_string(), l, Held::None))
+        .chain([(
+            format!("{NEARLY_FULL}, {} held", NEARLY_FULL - 1),
+            NEARLY_FULL,
+            Held::AllButOne,
+        )])
+        .collect();
+    let tables = [
+        ("uncontended acquire+release", rows),
+        (
+            "saturated (refused attempt)",
+            LIMITS
+                .iter()
+                .map(|&l| (l.to_string(), l, Held::All))
+                .collect(),
+        ),
+    ];
+    for (case, rows) in tables {
+        let all: Vec<_> = rows.iter().map(|&(_, limit, _)| limiters(limit)).collect();
+        let _held: Vec<_> = all
+            .iter()
+            .zip(&rows)
+            .flat_map(|(limiters, &(_, _, held))| {
+                limiters.iter().filter_map(move |(_, l)| match held {
+                    Held::None => None,
+                    Held::AllButOne => Some(l.fill_but_one()),
+                    Held::All => Some(l.fill()),
+                })
+            })
+            .collect();
+        for (limiters, &(_, _, held)) in all.iter().zip(&rows) {
+            for (_, limiter) in limiters {
+                assert_eq!(limiter.cycle(), held != Held::All);
+            }
         }
-        let mut best = vec![vec![f64::MAX; 3]; LIMITS.len()];
+        let mut best = vec![vec![f64::MAX; 3]; rows.len()];
         for _ in 0..ROUNDS {
             for (limiters, best) in all.iter().zip(&mut best) {
                 for ((_, limiter), best) in limiters.iter().zip(best.iter_mut()) {
@@ -209,26 +275,21 @@ fn paired_report() {
                 }
             }
         }
-        let case = if saturated {
-            "saturated (refused attempt)"
-        } else {
-            "uncontended acquire+release"
-        };
         println!("\npaired {case}, fastest of {ROUNDS} interleaved rounds (ns):");
         println!(
-            "{:>6} {:>10} {:>16} {:>14}",
+            "{:>16} {:>10} {:>16} {:>14}",
             "limit", "bulkhead", "tokio_semaphore", "mutex_counter"
         );
-        for (limit, best) in LIMITS.iter().zip(&best) {
+        for ((label, _, _), best) in rows.iter().zip(&best) {
             println!(
-                "{limit:>6} {:>10.2} {:>16.2} {:>14.2}",
+                "{label:>16} {:>10.2} {:>16.2} {:>14.2}",
                 best[0], best[1], best[2]
             );
         }
     }
 }
 
-criterion_group!(benches, uncontended, contended, saturated);
+criterion_group!(benches, uncontended, contended, nearly_full, saturated);
 
 fn main() {
     benches();
