@@ -807,7 +807,9 @@ fn check_reruns(w: &World, r: &mut Report) {
                     .procs
                     .get(&a.proc)
                     .and_then(|p| p.killed_at)
-                    .is_some_and(|k| k >= a.start && k <= b.start)
+                    // The kill is recorded as it is sent: a step may still
+                    // log its start before the signal lands.
+                    .is_some_and(|k| k + STOP_GRACE_NS >= a.start && k <= b.start)
                 {
                     Some("presumed death: killed or crashed")
                 } else if w.stopped_past_lease(a.proc, a.start, b.start).is_some() {

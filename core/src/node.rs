@@ -1035,7 +1035,12 @@ async fn write_outcomes(
                     write_batch(
                         &sh,
                         chunk.to_vec(),
-                        Some(Instant::now() + sh.inner.cfg.shutdown_timeout),
+                        // The node still heartbeats meanwhile, so nothing
+                        // is rescued: a lease to reconnect (a server that
+                        // just restarted) rather than re-run finished steps.
+                        Some(
+                            Instant::now() + sh.inner.cfg.shutdown_timeout.max(sh.inner.cfg.lease),
+                        ),
                     )
                     .await;
                 }
@@ -1371,10 +1376,9 @@ async fn heartbeats(sh: Arc<Shared>) {
                 retry.next().min(cfg.heartbeat_interval)
             }
         };
-        tokio::select! {
-            _ = tokio::time::sleep(pause) => {}
-            _ = sh.shutdown.cancelled() => return,
-        }
+        // Also while the node stops: its last outcomes are written under a
+        // live heartbeat (`Node::stop` ends this task after the writer).
+        tokio::time::sleep(pause).await;
     }
 }
 
