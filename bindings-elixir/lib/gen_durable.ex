@@ -84,6 +84,14 @@ defmodule GenDurable do
   finish within `:shutdown_timeout` (default 15 s), kills the processes of
   those still running then and hands back what never started.
 
+  The engine's processes (`<name>.Engine`, `<name>.Dispatcher` and the step
+  processes' supervisor `<name>.Tasks`) are restarted alone if one dies.
+  The node belongs to the Engine process: if it is killed, the node stops
+  gracefully and the next Engine starts a new one once it has. A killed
+  dispatcher loses no step. If the whole tree is killed, your supervisor
+  starts a new one, which waits for the old processes to be gone. A step
+  that could not be started is snoozed (not an attempt), never failed.
+
   ## Steps
 
   `c:handle_step/3` returns one of:
@@ -314,7 +322,9 @@ defmodule GenDurable do
 
   @doc """
   Inserts an instance of `workflow` (a module using `GenDurable`, or a
-  workflow name as a string). Returns `{:ok, id}`.
+  workflow name as a string). Returns `{:ok, id}`. A module that does not
+  use `GenDurable` is refused; a workflow only other nodes define (in Rust,
+  Python or another release) is inserted by its name.
 
   Options:
 
