@@ -148,10 +148,21 @@ defmodule GenDurable.Runner do
   alias GenDurable.Native
 
   def run(handle) do
-    case Native.step_begin(handle) do
-      {:ok, module, step, state, ctx} -> Native.step_reply(handle, call(module, step, state, ctx))
+    case begin(handle) do
+      {:ok, module, step, state, ctx} -> reply(handle, call(module, step, state, ctx))
       :skip -> :skip
     end
+  end
+
+  # Small values are converted on this process's scheduler; the NIF says
+  # :dirty for larger ones, converted on a dirty scheduler.
+  defp begin(handle) do
+    with :dirty <- Native.step_begin(handle), do: Native.step_begin_dirty(handle)
+  end
+
+  defp reply(handle, result) do
+    with :dirty <- Native.step_reply(handle, result),
+         do: Native.step_reply_dirty(handle, result)
   end
 
   defp call(module, step, state, ctx) do

@@ -18,6 +18,94 @@ use serde_json::{Map, Number, Value};
 /// so a deeper state could be written but never read.
 pub const MAX_DEPTH: usize = 100;
 
+/// Values within both bounds convert in well under a millisecond, so they
+/// may be converted on a normal scheduler; larger ones go to a dirty one.
+const SMALL_VALUES: usize = 1_000;
+const SMALL_BYTES: usize = 64 * 1024;
+
+/// Whether a JSON value is small (see `SMALL_VALUES`). Stops looking as soon
+/// as it is not.
+pub fn json_is_small(root: &Value) -> bool {
+    let (mut values, mut bytes) = (1, 0);
+    let mut stack = vec![root];
+    while let Some(v) = stack.pop() {
+        match v {
+            Value::String(s) => bytes += s.len(),
+            Value::Array(a) => {
+                values += a.len();
+                if values > SMALL_VALUES {
+                    return false;
+                }
+                stack.extend(a);
+            }
+            Value::Object(o) => {
+                values += o.len();
+                if values > SMALL_VALUES {
+                    return false;
+                }
+                for (k, x) in o {
+                    bytes += k.len();
+                    stack.push(x);
+                }
+            }
+            _ => {}
+        }
+        if bytes > SMALL_BYTES {
+            return false;
+        }
+    }
+    true
+}
+
+/// Whether a term is small (see `SMALL_VALUES`). Stops looking as soon as
+/// it is not.
+pub fn term_is_small(root: Term) -> bool {
+    let (mut values, mut bytes) = (1, 0);
+    let mut stack = vec![root];
+    while let Some(t) = stack.pop() {
+        match t.get_type() {
+            TermType::Binary => bytes += t.decode::<Binary>().map_or(0, |b| b.len()),
+            TermType::List => {
+                let Ok(items) = t.into_list_iterator() else {
+                    continue;
+                };
+                for item in items {
+                    values += 1;
+                    if values > SMALL_VALUES {
+                        return false;
+                    }
+                    stack.push(item);
+                }
+            }
+            TermType::Map => {
+                values += 2 * t.map_size().unwrap_or(0);
+                if values > SMALL_VALUES {
+                    return false;
+                }
+                if let Some(entries) = MapIterator::new(t) {
+                    for (k, v) in entries {
+                        stack.push(k);
+                        stack.push(v);
+                    }
+                }
+            }
+            TermType::Tuple => {
+                let items = rustler::types::tuple::get_tuple(t).unwrap_or_default();
+                values += items.len();
+                if values > SMALL_VALUES {
+                    return false;
+                }
+                stack.extend(items);
+            }
+            _ => {}
+        }
+        if bytes > SMALL_BYTES {
+            return false;
+        }
+    }
+    true
+}
+
 /// A container being converted. The conversion keeps its own stack rather
 /// than recursing: it runs on scheduler threads, whose stacks are small.
 enum Frame<'a> {

@@ -8,11 +8,13 @@
 //!
 //! Terms are only ever built by scheduler threads: a message built on a
 //! runtime thread holds atoms, numbers, short strings and resources, never a
-//! user's value. States, payloads and instances are converted by dirty NIFs
-//! in the process that asked for them (`step_begin/1`, `instance_term/1`),
-//! and Elixir values become JSON in dirty NIFs too: a value of any size
-//! neither blocks a normal scheduler nor builds a large map on a thread the
-//! BEAM does not manage (which it does not support).
+//! user's value. States, payloads and instances are converted in the process
+//! that asked for them (`step_begin/1`, `instance_term/1`), and Elixir values
+//! become JSON, on dirty schedulers unless they are small (a step's values
+//! under a thousand values and 64 KiB convert on the caller's scheduler, in
+//! well under a millisecond): a value of any size neither blocks a normal
+//! scheduler nor builds a large map on a thread the BEAM does not manage
+//! (which it does not support).
 //!
 //! This crate only converts values, maps errors and bridges callbacks; every
 //! semantic lives in the core.
@@ -51,6 +53,7 @@ mod atoms {
         gen_durable_step,
         gen_durable_cancel,
         skip,
+        dirty,
         not_running,
         saturated,
         wait,

@@ -5,8 +5,9 @@
 //! the engine's dispatcher, found through a `Dispatcher` slot that each new
 //! dispatcher process fills in. The dispatcher starts a process that takes
 //! the step with `step_begin/1`: the state and context become terms there,
-//! in that process, on a dirty scheduler. A handle is taken once, so a step
-//! sent twice (after its dispatcher was replaced) still runs once.
+//! in that process, on a dirty scheduler unless they are small. A handle is
+//! taken once, so a step sent twice (after its dispatcher was replaced)
+//! still runs once.
 //!
 //! * A dispatcher that dies with steps in its mailbox loses them: the adapter
 //!   sends a step again whenever a new dispatcher registers, until a process
@@ -21,7 +22,7 @@
 //!   the process running it is killed by the dispatcher.
 
 use crate::atoms;
-use crate::convert::{json_to_term, term_to_json};
+use crate::convert::{json_is_small, json_to_term, term_is_small, term_to_json};
 use crate::{lock, runtime};
 use gendurable::{
     AwaitOn, ConcurrencyKey, KeyChange, NextOptions, StepContext, StepResult, Transition, Wake,
@@ -127,6 +128,16 @@ struct StepData {
     step: String,
     state: Value,
     ctx: StepContext,
+}
+
+impl StepData {
+    fn is_small(&self) -> bool {
+        json_is_small(&self.state)
+            && match &self.ctx.wake {
+                Some(Wake::Signal { payload, .. }) => json_is_small(payload),
+                _ => true,
+            }
+    }
 }
 
 #[derive(Default)]
@@ -322,14 +333,28 @@ fn dispatcher_close(env: Env, res: ResourceArc<crate::EngineRes>) -> Atom {
 
 /// Takes a step for the calling process: `{:ok, module, step, state, ctx}`,
 /// or `:skip` when another process took it or it was settled. The terms are
-/// built here, in the caller's environment, on a dirty scheduler: a state
-/// of any size neither blocks a normal scheduler nor leaves its thread.
-#[rustler::nif(schedule = "DirtyCpu")]
+/// built here, in the caller's environment. Returns `:dirty` without taking
+/// the step if its values are too large to convert on a normal scheduler:
+/// `step_begin_dirty/1` converts them on a dirty one.
+#[rustler::nif]
 fn step_begin(env: Env, handle: ResourceArc<StepRes>) -> Term {
+    begin(env, &handle, true)
+}
+
+/// `step_begin/1` on a dirty scheduler, for values of any size.
+#[rustler::nif(schedule = "DirtyCpu")]
+fn step_begin_dirty(env: Env, handle: ResourceArc<StepRes>) -> Term {
+    begin(env, &handle, false)
+}
+
+fn begin<'a>(env: Env<'a>, handle: &ResourceArc<StepRes>, small_only: bool) -> Term<'a> {
     let data = {
         let mut s = lock(&handle.inner);
         if !s.unclaimed() {
             return atoms::skip().encode(env);
+        }
+        if small_only && !s.data.as_ref().is_some_and(StepData::is_small) {
+            return atoms::dirty().encode(env);
         }
         let pid = env.pid();
         s.runner = Some(pid);
@@ -353,10 +378,24 @@ fn step_begin(env: Env, handle: ResourceArc<StepRes>) -> Term {
 
 /// Answers a step. An undecodable result answers it with an error outcome
 /// saying why, and returns `{:error, message}`; `:already_replied` if it was
-/// answered or stopped before. Runs on a dirty scheduler: a result of any
-/// size is converted without blocking a normal one.
-#[rustler::nif(schedule = "DirtyCpu")]
+/// answered or stopped before. Returns `:dirty` without answering if the
+/// result is too large to convert on a normal scheduler:
+/// `step_reply_dirty/2` converts it on a dirty one.
+#[rustler::nif]
 fn step_reply<'a>(env: Env<'a>, handle: ResourceArc<StepRes>, result: Term<'a>) -> Term<'a> {
+    if !term_is_small(result) {
+        return atoms::dirty().encode(env);
+    }
+    answer(env, &handle, result)
+}
+
+/// `step_reply/2` on a dirty scheduler, for results of any size.
+#[rustler::nif(schedule = "DirtyCpu")]
+fn step_reply_dirty<'a>(env: Env<'a>, handle: ResourceArc<StepRes>, result: Term<'a>) -> Term<'a> {
+    answer(env, &handle, result)
+}
+
+fn answer<'a>(env: Env<'a>, handle: &StepRes, result: Term<'a>) -> Term<'a> {
     if lock(&handle.inner).tx.is_none() {
         return atoms::already_replied().encode(env);
     }
