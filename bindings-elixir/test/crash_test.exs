@@ -12,7 +12,7 @@ defmodule GenDurable.CrashTest do
   use ExUnit.Case, async: false
   import GenDurable.TestHelper
 
-  alias GenDurableTest.Churn
+  alias GenDurableTest.{Churn, Spawner}
 
   @moduletag timeout: 600_000
   @moduletag :capture_log
@@ -68,6 +68,28 @@ defmodule GenDurable.CrashTest do
     assert Process.alive?(app)
     assert {:ok, id} = GenDurable.insert(Churn, engine: e)
     assert %{state: %{"done" => true}} = wait_status(e, id, :completed)
+  end
+
+  test "steps that insert while their node stops are not held up" do
+    opts = engine_opts(workflows: [Churn, Spawner], queues: [default: 20])
+    e = opts[:name]
+    start_supervised!({GenDurable, opts})
+    state = %{"engine" => Atom.to_string(e), "sleep" => 500}
+    ids = for _ <- 1..10, do: GenDurable.insert!(Spawner, state: state, engine: e)
+
+    # The steps are running; they insert while the killed Engine's node
+    # stops, which waits for them.
+    Process.sleep(200)
+    t0 = System.monotonic_time(:millisecond)
+    kill_and_await_restart(Module.concat(e, Engine))
+
+    for id <- ids do
+      %{state: %{"child" => child}, errors: []} = wait_status(e, id, :completed)
+      wait_status(e, child, :completed)
+    end
+
+    # Well before the shutdown timeout (5 s): nothing waited for it.
+    assert System.monotonic_time(:millisecond) - t0 < 4_000
   end
 
   defp kill_and_await_restart(name) do

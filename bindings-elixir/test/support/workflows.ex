@@ -170,3 +170,17 @@ defmodule GenDurableTest.Big do
   def handle_step("woken", state, %{wake: {:signal, _, payload}}),
     do: {:done, Map.put(state, "length", length(payload))}
 end
+
+defmodule GenDurableTest.Spawner do
+  @moduledoc false
+  # A step that inserts another instance (a Churn) after `state["sleep"]` ms.
+  use GenDurable
+
+  @impl true
+  def handle_step("start", state, _ctx) do
+    Process.sleep(state["sleep"])
+    engine = String.to_existing_atom(state["engine"])
+    {:ok, child} = GenDurable.insert(GenDurableTest.Churn, engine: engine)
+    {:done, Map.put(state, "child", child)}
+  end
+end

@@ -215,33 +215,45 @@ pub struct EngineRes {
 
 struct Tree {
     dispatcher: Arc<step::Dispatcher>,
-    /// The engine client calls use: the last one started, until the tree
-    /// stops. Each call holds a read lock while it runs; a node stops under
-    /// the write lock, so that no call of that engine is under way while
-    /// it stops (an insert may hand rows to its own node to start at once).
+    /// The engine client calls use: the running node's, until the tree
+    /// stops. Each call holds a read lock while it runs (see `Tree::stop`).
     client: Arc<tokio::sync::RwLock<Option<Engine>>>,
     /// The running node and the process that owns it.
-    node: tokio::sync::Mutex<Option<(Engine, LocalPid)>>,
+    node: tokio::sync::Mutex<Option<Running>>,
+}
+
+struct Running {
+    engine: Engine,
+    owner: LocalPid,
+    /// The same configuration on the same pool, without a node: what client
+    /// calls use while the node stops and until the next one runs.
+    standby: Engine,
 }
 
 impl Tree {
     /// Stops the running node gracefully (see `Engine::shutdown`) if `owner`
-    /// owns it. Client calls wait meanwhile, then go on with the same engine
-    /// (its node no longer runs), or find none if `last`. A stop under way
-    /// is waited for.
+    /// owns it. A stop under way is waited for.
     async fn stop_node(&self, owner: LocalPid, last: bool) -> gendurable::Result<()> {
         let mut node = self.node.lock().await;
-        let mut client = self.client.write().await;
-        if last {
-            *client = None;
-        }
         match node.take() {
-            Some((engine, o)) if o == owner => engine.shutdown().await,
+            Some(r) if r.owner == owner => self.stop(r, last).await,
             other => {
                 *node = other;
+                if last {
+                    *self.client.write().await = None;
+                }
                 Ok(())
             }
         }
+    }
+
+    /// Client calls move to the standby engine (or to none if `last`) once
+    /// the calls under way are done, then the node stops: an insert may
+    /// hand rows to the node it runs on, and none must reach a stopping
+    /// node. Calls made while it stops (a step inserting, say) do not wait.
+    async fn stop(&self, r: Running, last: bool) -> gendurable::Result<()> {
+        *self.client.write().await = if last { None } else { Some(r.standby) };
+        r.engine.shutdown().await
     }
 }
 
@@ -431,17 +443,21 @@ fn engine_start<'a>(
     config: Term<'a>,
     reply_ref: Term<'a>,
 ) -> Term<'a> {
-    let builder = match build_engine(config, &res.tree.dispatcher) {
-        Ok(b) => b,
-        Err(e) => return error_term(env, atoms::invalid_config(), None, e),
+    // The same configuration twice: the node, and its standby for client
+    // calls while it stops.
+    let (builder, standby) = match (
+        build_engine(config, &res.tree.dispatcher),
+        build_engine(config, &res.tree.dispatcher),
+    ) {
+        (Ok(b), Ok(s)) => (b, s),
+        (Err(e), _) | (_, Err(e)) => return error_term(env, atoms::invalid_config(), None, e),
     };
     let owner = env.pid();
     spawn_reply(env, reply_ref, async move {
         let tree = res.tree.clone();
         let mut node = tree.node.lock().await;
-        if let Some((previous, _)) = node.take() {
-            let _calls = tree.client.write().await;
-            if let Err(e) = previous.shutdown().await {
+        if let Some(previous) = node.take() {
+            if let Err(e) = tree.stop(previous, false).await {
                 eprintln!("gendurable: stopping the node of a dead engine process: {e}");
             }
         }
@@ -449,13 +465,29 @@ fn engine_start<'a>(
             Ok(e) => e,
             Err(e) => return core_error(e),
         };
+        let standby = match standby
+            .pool(engine.pool().clone())
+            .migrate(false)
+            .build()
+            .await
+        {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = engine.shutdown().await;
+                return core_error(e);
+            }
+        };
         if res.monitor(None, &owner).is_none() {
             // The owner died while the node started.
             let _ = engine.shutdown().await;
             return reply(not_running);
         }
         *tree.client.write().await = Some(engine.clone());
-        *node = Some((engine, owner));
+        *node = Some(Running {
+            engine,
+            owner,
+            standby,
+        });
         reply(|env| atoms::ok().encode(env))
     });
     atoms::ok().encode(env)
