@@ -720,7 +720,9 @@ BEGIN
                                       AND e.concurrency_key = f.key)
                    ELSE EXISTS (SELECT 1 FROM gate_slots s WHERE s.key = f.key AND s.available > 0)
               END;
-        -- Their parked rows come into the room they have now.
+    END IF;
+    -- Their parked rows come into the room they have now.
+    IF cardinality(r_key) > 0 THEN
         n_unparked := unpark_keys(r_key, gate_names, gate_limits, NULL);
     END IF;
     IF notify AND cardinality(r_key) + n_unreserved > 0 THEN
