@@ -549,17 +549,18 @@ BEGIN
             FROM p
             WHERE i.id = p.id AND i.status = 'available' AND i.node = node_id AND i.token = p.ntoken
               AND i.concurrency_key = p.key AND i.queue = p.queue
-            RETURNING i.concurrency_key, i.gate_shard
+            RETURNING i.id, i.concurrency_key, i.gate_shard
         )
-        SELECT array_agg(concurrency_key), array_agg(gate_shard)
-        INTO t_key, t_shard
+        SELECT coalesce(array_agg(id), '{}'), array_agg(concurrency_key), array_agg(gate_shard)
+        INTO p_id, t_key, t_shard
         FROM moved;
     END IF;
 
     -- Every successor the outcomes name that runs here under the token its
     -- promotion gives: promoted just now, or by a call whose answer was lost
-    -- (its predecessor's outcome is fenced on the retry).
-    IF n_next IS NOT NULL THEN
+    -- (its predecessor's outcome is fenced on the retry). Only needed when
+    -- some were not promoted just now.
+    IF cardinality(n_next) > cardinality(p_id) THEN
         SELECT coalesce(array_agg(i.id), '{}') INTO p_id
         FROM unnest(n_next, n_ntoken) AS n(id, ntoken)
         JOIN instances i ON i.id = n.id
@@ -575,7 +576,7 @@ BEGIN
     -- counter changes. A K = 1 key needs no claim_key here: the row that
     -- held it leaves 'executing' in this same transaction, so no other
     -- picker ever sees the key free. The pick gets the demand left.
-    IF f_key IS NOT NULL THEN
+    IF array_position(f_next, NULL) IS NOT NULL THEN
         WITH slot AS (
             SELECT f.key, f.shard, f.queue, count(*)::integer AS n
             FROM unnest(f_key, f_shard, f_queue, f_next) AS f(key, shard, queue, next)
@@ -618,8 +619,9 @@ BEGIN
 
     -- Credit the gate slots nobody took over, each to the shard it came
     -- from, locking the counters in key order. Values come from the locked
-    -- version (see the pick); least(): never above capacity.
-    IF f_key IS NOT NULL THEN
+    -- version (see the pick); least(): never above capacity. Each row taken
+    -- over took one freed slot, so with as many taken as freed none is left.
+    IF coalesce(cardinality(t_key), 0) < cardinality(f_key) THEN
         WITH freed AS (
             SELECT key, shard, count(*)::integer AS n FROM unnest(f_key, f_shard) AS f(key, shard)
             WHERE shard IS NOT NULL GROUP BY 1, 2
@@ -710,8 +712,9 @@ BEGIN
     -- any node, so wake the other nodes ('*' and the sender), and tell the
     -- caller (which gives back its reservations of those keys). Only when
     -- other nodes are alive (a lone node claims for itself; one that starts
-    -- meanwhile polls until our next heartbeat sees it).
-    IF f_key IS NOT NULL THEN
+    -- meanwhile polls until our next heartbeat sees it). A key whose every
+    -- freed slot was taken over is as full as before.
+    IF coalesce(cardinality(t_key), 0) < cardinality(f_key) THEN
         SELECT coalesce(array_agg(f.key), '{}') INTO r_key
         FROM (SELECT DISTINCT f.key, f.shard IS NULL AS k1 FROM unnest(f_key, f_shard) AS f(key, shard)) f
         WHERE CASE WHEN f.k1

@@ -1047,7 +1047,11 @@ async fn write_outcomes(
                 return;
             }
         }
-        tokio::task::yield_now().await;
+        // Let outcomes finishing at the same moment join the batch, unless a
+        // successor waits for this call to promote it.
+        if batch.iter().all(|o| o.promotion.is_none()) {
+            tokio::task::yield_now().await;
+        }
         while batch.len() < MAX_OUTCOME_BATCH {
             match rx.try_recv() {
                 Ok(o) => batch.push(o),
