@@ -11,6 +11,7 @@ pub mod connect;
 mod demo;
 mod echo;
 mod status;
+mod w5;
 mod workload;
 
 use anyhow::{bail, Context, Result};

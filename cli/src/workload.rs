@@ -37,13 +37,27 @@ pub struct Args {
     /// rate-limited one has a tenth).
     #[arg(long, default_value_t = 1_000_000)]
     backlog: usize,
+    /// w5: seconds the nodes go on running the blocked backlogs after the
+    /// unrelated jobs are done, to measure them at their limits.
+    #[arg(long, default_value_t = 20.0)]
+    hold: f64,
+    /// w5: node processes (this one and `nodes - 1` more).
+    #[arg(long, default_value_t = 1)]
+    nodes: u32,
+    /// w5: run as one of the extra node processes, on this schema (driven
+    /// by the first process over stdin and stdout).
+    #[arg(long, hide = true)]
+    w5_node: Option<String>,
 }
 
 /// Start and end of each job, in wall-clock nanoseconds.
-type Records = Arc<Mutex<Vec<(String, u128, u128)>>>;
+pub(crate) type Records = Arc<Mutex<Vec<(String, u128, u128)>>>;
 
 pub async fn run(args: Args) -> Result<()> {
     let (url, _pg) = crate::database(true).await?;
+    if let Some(schema) = &args.w5_node {
+        return crate::w5::extra_node(&url, schema, args.concurrency, &args.record).await;
+    }
     let node = Node {
         url,
         concurrency: args.concurrency,
@@ -65,7 +79,15 @@ pub async fn run(args: Args) -> Result<()> {
             timed_run(&node, "w3", n, gate, pause, &args.record, make).await?
         }
         "w4" => w4(&node, args.jobs.unwrap_or(500)).await?,
-        "w5" => w5(&node, args.jobs.unwrap_or(20_000), args.backlog).await?,
+        "w5" => {
+            let shape = crate::w5::Shape {
+                jobs: args.jobs.unwrap_or(20_000),
+                backlog: args.backlog,
+                hold: Duration::from_secs_f64(args.hold.max(0.0)),
+                nodes: args.nodes.max(1),
+            };
+            crate::w5::run(&node, &shape, &args.record).await?
+        }
         "raw" => {
             let n = args.jobs.unwrap_or(20_000);
             raw(&node.url, args.concurrency, n, args.batch).await?
@@ -89,18 +111,18 @@ pub(crate) async fn sleep_exactly(d: Duration) {
     .await;
 }
 
-fn now_ns() -> u128 {
+pub(crate) fn now_ns() -> u128 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_nanos())
         .unwrap_or(0)
 }
 
-fn schema() -> String {
+pub(crate) fn schema() -> String {
     format!("workload_{:08x}", rand::random::<u32>())
 }
 
-fn bar(what: &str, n: usize) -> Result<ProgressBar> {
+pub(crate) fn bar(what: &str, n: usize) -> Result<ProgressBar> {
     let bar = ProgressBar::new(n as u64);
     bar.set_style(ProgressStyle::with_template(&format!(
         "{what:<8} {{bar:30}} {{pos}}/{{len}} {{per_sec}}"
@@ -109,17 +131,21 @@ fn bar(what: &str, n: usize) -> Result<ProgressBar> {
 }
 
 /// Where and how the measured node runs.
-struct Node {
-    url: String,
-    concurrency: u32,
-    prefetch: Option<u32>,
+pub(crate) struct Node {
+    pub url: String,
+    pub concurrency: u32,
+    pub prefetch: Option<u32>,
 }
 
 impl Node {
     fn builder(&self) -> gendurable::EngineBuilder {
+        self.builder_in(&schema())
+    }
+
+    pub fn builder_in(&self, schema: &str) -> gendurable::EngineBuilder {
         let b = Engine::builder()
             .url(&self.url)
-            .schema(schema())
+            .schema(schema)
             .queue("default", self.concurrency);
         match self.prefetch {
             Some(p) => b.prefetch(p),
@@ -200,7 +226,12 @@ async fn drain_reported(engine: &Engine, what: &str, n: usize) -> Result<f64> {
     Ok(elapsed.as_secs_f64())
 }
 
-fn result(workload: &str, n: usize, secs: f64, extra: serde_json::Value) -> serde_json::Value {
+pub(crate) fn result(
+    workload: &str,
+    n: usize,
+    secs: f64,
+    extra: serde_json::Value,
+) -> serde_json::Value {
     let mut v = json!({
         "system": "gendurable",
         "workload": workload,
@@ -248,7 +279,7 @@ async fn timed_run(
     Ok(result(what, n, secs, json!({})))
 }
 
-fn write_records(path: &Option<std::path::PathBuf>, rec: &Records) -> Result<()> {
+pub(crate) fn write_records(path: &Option<std::path::PathBuf>, rec: &Records) -> Result<()> {
     let Some(path) = path else { return Ok(()) };
     let mut f = std::io::BufWriter::new(
         std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?,
@@ -320,119 +351,6 @@ async fn w4(node: &Node, n: usize) -> Result<serde_json::Value> {
             "p99_ms": total(0.99),
             "after_insert_p50_ms": after_commit(0.50),
             "after_insert_p99_ms": after_commit(0.99),
-        }),
-    ))
-}
-
-/// Unrelated no-op jobs behind blocked backlogs: `backlog` rows of a gate of
-/// 10 and as many of one K = 1 key (each step 1 s), and a tenth as many under
-/// a rate limit of 50 a second, all inserted first; then `n` no-op jobs with
-/// no key at the same priority. Their rate is the result (to compare with
-/// W1's), with the p99 of the node's claiming calls and what the blocked keys
-/// ran meanwhile.
-async fn w5(node: &Node, n: usize, backlog: usize) -> Result<serde_json::Value> {
-    #[derive(Default)]
-    struct Ran {
-        free: Option<(Instant, Instant, usize)>,
-        gate: usize,
-        key: usize,
-        rate: usize,
-    }
-    let ran: Arc<Mutex<Ran>> = Arc::default();
-    let seen = ran.clone();
-    let engine = node
-        .builder()
-        .concurrency_limit("api", GateConfig::new(10))
-        .rate_limit(
-            "rl",
-            gendurable::RateConfig::new(50, Duration::from_secs(1)),
-        )
-        .workflow_fn("Job", move |_step, state, ctx| {
-            let seen = seen.clone();
-            async move {
-                let key = ctx.concurrency_key.as_deref();
-                if key.is_some() {
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                }
-                let mut r = seen.lock().unwrap();
-                match (key, ctx.rate_limit.as_deref()) {
-                    (Some("api:1"), _) => r.gate += 1,
-                    (Some(_), _) => r.key += 1,
-                    (None, Some(_)) => r.rate += 1,
-                    (None, None) => {
-                        let now = Instant::now();
-                        let f = r.free.get_or_insert((now, now, 0));
-                        f.1 = now;
-                        f.2 += 1;
-                    }
-                }
-                Ok(Transition::done(state))
-            }
-        })
-        .build()
-        .await?;
-    let rated = backlog / 10;
-    let progress = bar("insert", 2 * backlog + rated + n)?;
-    let chunk = 50_000;
-    for (count, make) in [
-        (
-            backlog,
-            (|| NewInstance::new("Job", json!({})).concurrency_key("api:1")) as fn() -> NewInstance,
-        ),
-        (backlog, || {
-            NewInstance::new("Job", json!({})).concurrency_key("acct:1")
-        }),
-        (rated, || {
-            NewInstance::new("Job", json!({})).rate_limit("rl:1")
-        }),
-        (n, || NewInstance::new("Job", json!({}))),
-    ] {
-        let mut left = count;
-        while left > 0 {
-            let k = left.min(chunk);
-            engine.insert_many((0..k).map(|_| make()).collect()).await?;
-            left -= k;
-            progress.inc(k as u64);
-        }
-    }
-    progress.finish_and_clear();
-    let bar = bar("w5", n)?;
-    let t = Instant::now();
-    engine.start().await?;
-    loop {
-        let done = ran.lock().unwrap().free.map_or(0, |f| f.2);
-        bar.set_position(done as u64);
-        if done >= n {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-    let secs = t.elapsed().as_secs_f64();
-    bar.finish_and_clear();
-    let stats = engine.stats();
-    let p99 = stats.pick_latency(0.99).as_secs_f64() * 1e3;
-    let (gate, key, rate) = {
-        let r = ran.lock().unwrap();
-        (r.gate, r.key, r.rate)
-    };
-    engine.shutdown().await?;
-    eprintln!(
-        "w5: {}; meanwhile the gate ran {gate}, the K = 1 key {key}, the rate limit {rate} ({:.1}, {:.1}, {:.1}/s)",
-        amortised(&stats.snapshot()),
-        gate as f64 / secs,
-        key as f64 / secs,
-        rate as f64 / secs
-    );
-    Ok(result(
-        "w5",
-        n,
-        secs,
-        json!({
-            "pick_p99_ms": p99,
-            "backlog": backlog,
-            "gate_per_s": gate as f64 / secs,
-            "key_per_s": key as f64 / secs,
-            "rate_per_s": rate as f64 / secs,
         }),
     ))
 }

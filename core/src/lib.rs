@@ -32,7 +32,7 @@ pub use error::{Error, Result};
 pub use instance::{
     Instance, NewInstance, Status, DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, DEFAULT_STEP,
 };
-pub use stats::{Stats, StatsSnapshot};
+pub use stats::{Latencies, Stats, StatsSnapshot};
 pub use status::{
     ClusterStatus, GateStatus, KeyLimit, NoNode, NodeStatus, QueueCount, RateStatus, WaitingRows,
 };

@@ -48,9 +48,43 @@ impl Histogram {
         self.0[Self::bucket(d)].fetch_add(1, Relaxed);
     }
 
-    /// The upper bound of the bucket holding quantile `q` (0 if empty).
+    /// A copy of the counts, to compare with a later one.
+    pub fn copy(&self) -> Latencies {
+        Latencies(self.0.iter().map(|c| c.load(Relaxed)).collect())
+    }
+
     pub fn quantile(&self, q: f64) -> Duration {
-        let counts: Vec<u64> = self.0.iter().map(|c| c.load(Relaxed)).collect();
+        self.copy().quantile(q)
+    }
+}
+
+/// Durations counted in [`Stats`]' buckets at one moment: read a quantile
+/// from them, or from what was recorded between two moments
+/// ([`Latencies::since`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Latencies(Vec<u64>);
+
+impl Latencies {
+    /// What was recorded after `earlier` (a copy taken before this one).
+    pub fn since(&self, earlier: &Latencies) -> Latencies {
+        Latencies(
+            self.0
+                .iter()
+                .zip(earlier.0.iter().chain(std::iter::repeat(&0)))
+                .map(|(now, then)| now.saturating_sub(*then))
+                .collect(),
+        )
+    }
+
+    /// How many durations are counted.
+    pub fn count(&self) -> u64 {
+        self.0.iter().sum()
+    }
+
+    /// The upper bound of the bucket holding quantile `q` (0 if empty), to
+    /// within about 19 %.
+    pub fn quantile(&self, q: f64) -> Duration {
+        let counts = &self.0;
         let total: u64 = counts.iter().sum();
         if total == 0 {
             return Duration::ZERO;
@@ -136,6 +170,13 @@ impl Stats {
         self.pick_time.quantile(q)
     }
 
+    /// The claiming calls' durations so far (see `pick_latency`): take one
+    /// copy before and one after a stretch of work, and read the stretch's
+    /// quantiles from `after.since(&before)`.
+    pub fn pick_latencies(&self) -> Latencies {
+        self.pick_time.copy()
+    }
+
     pub(crate) fn add(counter: &AtomicU64, n: u64) {
         counter.fetch_add(n, Relaxed);
     }
@@ -162,5 +203,21 @@ mod tests {
         assert!(h.quantile(1.0) >= Duration::from_millis(50));
         h.record(Duration::MAX);
         assert!(h.quantile(1.0) >= Duration::from_secs(60));
+    }
+
+    #[test]
+    fn a_stretch_reads_only_what_it_recorded() {
+        let h = Histogram::default();
+        for _ in 0..100 {
+            h.record(Duration::from_millis(300));
+        }
+        let before = h.copy();
+        for _ in 0..100 {
+            h.record(Duration::from_micros(100));
+        }
+        let stretch = h.copy().since(&before);
+        assert_eq!(stretch.count(), 100);
+        assert!(stretch.quantile(0.99) < Duration::from_micros(120));
+        assert!(h.quantile(0.99) >= Duration::from_millis(300));
     }
 }

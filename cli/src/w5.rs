@@ -1,0 +1,310 @@
+//! W5: unrelated no-op jobs behind blocked backlogs. `backlog` rows of a gate
+//! of 10 and as many of one K = 1 key (each step 1 s), a tenth as many under
+//! a rate limit of 50 a second (burst 5), all inserted first; then `jobs` no-op jobs
+//! with no key at the same priority. The unrelated jobs' rate is the result
+//! (to compare with W1's); the nodes then go on for `hold` seconds, and what
+//! the blocked kinds started per second over the whole run shows them at
+//! their limits. With `nodes` > 1 the first process starts the others (this
+//! binary again, `--w5-node`) and drives them over stdin and stdout.
+
+use crate::workload::{bar, now_ns, result, schema, write_records, Node, Records};
+use anyhow::{bail, Context, Result};
+use gendurable::{Engine, GateConfig, Latencies, NewInstance, RateConfig, Transition};
+use serde_json::json;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+pub(crate) struct Shape {
+    pub jobs: usize,
+    pub backlog: usize,
+    pub hold: Duration,
+    pub nodes: u32,
+}
+
+/// Steps started per kind: free (unrelated), gate, key, rate.
+#[derive(Default)]
+struct Counts([AtomicU64; 4]);
+
+impl Counts {
+    fn get(&self) -> [u64; 4] {
+        self.0.each_ref().map(|c| c.load(Relaxed))
+    }
+}
+
+const KINDS: [&str; 4] = ["free", "gate", "key", "rate"];
+
+/// A node of the workload: the gate, the rate limit and the one workflow,
+/// counting and recording what it runs.
+async fn engine(node: &Node, schema: &str, counts: &Arc<Counts>, rec: &Records) -> Result<Engine> {
+    let (counts, rec) = (counts.clone(), rec.clone());
+    Ok(node
+        .builder_in(schema)
+        .concurrency_limit("api", GateConfig::new(10))
+        // Up to 5 back to back: evenly spaced starts (burst 1) could not
+        // make up for the round trip each start waits for.
+        .rate_limit("rl", RateConfig::new(50, Duration::from_secs(1)).burst(5))
+        .workflow_fn("Job", move |_step, state, ctx| {
+            let (counts, rec) = (counts.clone(), rec.clone());
+            async move {
+                let start = now_ns();
+                let kind = match (ctx.concurrency_key.as_deref(), ctx.rate_limit.as_deref()) {
+                    (Some("api:1"), _) => 1,
+                    (Some(_), _) => 2,
+                    (None, Some(_)) => 3,
+                    (None, None) => 0,
+                };
+                if kind == 1 || kind == 2 {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+                counts.0[kind].fetch_add(1, Relaxed);
+                if let Ok(mut r) = rec.lock() {
+                    r.push((KINDS[kind].to_owned(), start, now_ns()));
+                }
+                Ok(Transition::done(state))
+            }
+        })
+        .build()
+        .await?)
+}
+
+async fn insert(engine: &Engine, shape: &Shape) -> Result<()> {
+    let rated = shape.backlog / 10;
+    let progress = bar("insert", 2 * shape.backlog + rated + shape.jobs)?;
+    let job = || NewInstance::new("Job", json!({}));
+    let kinds: [(usize, &dyn Fn() -> NewInstance); 4] = [
+        (shape.backlog, &|| job().concurrency_key("api:1")),
+        (shape.backlog, &|| job().concurrency_key("acct:1")),
+        (rated, &|| job().rate_limit("rl:1")),
+        (shape.jobs, &job),
+    ];
+    for (count, make) in kinds {
+        let mut left = count;
+        while left > 0 {
+            let k = left.min(50_000);
+            engine.insert_many((0..k).map(|_| make()).collect()).await?;
+            left -= k;
+            progress.inc(k as u64);
+        }
+    }
+    progress.finish_and_clear();
+    Ok(())
+}
+
+/// One of the other node processes, seen from the first.
+struct Extra {
+    child: tokio::process::Child,
+    stdin: tokio::process::ChildStdin,
+    lines: tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
+    record: Option<PathBuf>,
+}
+
+impl Extra {
+    async fn spawn(url: &str, schema: &str, node: &Node, record: Option<PathBuf>) -> Result<Extra> {
+        let mut cmd = tokio::process::Command::new(std::env::current_exe()?);
+        cmd.args(["workload", "w5", "--w5-node", schema])
+            .args(["--concurrency", &node.concurrency.to_string()])
+            .env("DATABASE_URL", url)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true);
+        if let Some(r) = &record {
+            cmd.arg("--record").arg(r);
+        }
+        let mut child = cmd.spawn().context("starting a node process")?;
+        let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+            bail!("a node process without pipes");
+        };
+        let mut extra = Extra {
+            child,
+            stdin,
+            lines: BufReader::new(stdout).lines(),
+            record,
+        };
+        extra.expect("ready").await?;
+        Ok(extra)
+    }
+
+    async fn send(&mut self, line: &str) -> Result<()> {
+        self.stdin.write_all(format!("{line}\n").as_bytes()).await?;
+        Ok(self.stdin.flush().await?)
+    }
+
+    /// The next line, which must start with `word`; its other fields.
+    async fn expect(&mut self, word: &str) -> Result<Vec<f64>> {
+        let line = self
+            .lines
+            .next_line()
+            .await?
+            .with_context(|| format!("a node process ended before saying {word:?}"))?;
+        let mut fields = line.split_whitespace();
+        if fields.next() != Some(word) {
+            bail!("a node process said {line:?}, expected {word:?}");
+        }
+        Ok(fields.filter_map(|f| f.parse().ok()).collect())
+    }
+}
+
+/// What the first process asks of the others: `go` (start), `count` (say
+/// your counts), `mark` (the unrelated jobs are done), `end` (stop, write
+/// your records, say your p99s).
+pub(crate) async fn extra_node(
+    url: &str,
+    schema: &str,
+    concurrency: u32,
+    record: &Option<PathBuf>,
+) -> Result<()> {
+    let node = Node {
+        url: url.to_owned(),
+        concurrency,
+        prefetch: None,
+    };
+    let (counts, rec) = (Arc::new(Counts::default()), Records::default());
+    let engine = engine(&node, schema, &counts, &rec).await?;
+    say("ready".into()).await?;
+    let mut lines = BufReader::new(tokio::io::stdin()).lines();
+    let mut mark = None;
+    while let Some(line) = lines.next_line().await? {
+        match line.trim() {
+            "go" => engine.start().await?,
+            "count" => {
+                let c = counts.get();
+                say(format!("count {} {} {} {}", c[0], c[1], c[2], c[3])).await?;
+            }
+            "mark" => mark = Some(engine.stats().pick_latencies()),
+            "end" => break,
+            other => bail!("unknown request {other:?}"),
+        }
+    }
+    let (before, after) = p99s(&engine.stats().pick_latencies(), mark.as_ref());
+    engine.shutdown().await?;
+    write_records(record, &rec)?;
+    say(format!("p99 {before} {after}")).await?;
+    Ok(())
+}
+
+/// One line to the first process.
+async fn say(line: String) -> std::io::Result<()> {
+    let mut out = tokio::io::stdout();
+    out.write_all(format!("{line}\n").as_bytes()).await?;
+    out.flush().await
+}
+
+/// The p99 of claiming calls until `mark` and after it, in milliseconds.
+fn p99s(now: &Latencies, mark: Option<&Latencies>) -> (f64, f64) {
+    let ms = |l: &Latencies| l.quantile(0.99).as_secs_f64() * 1e3;
+    match mark {
+        Some(m) => (ms(m), ms(&now.since(m))),
+        None => (ms(now), 0.0),
+    }
+}
+
+pub(crate) async fn run(
+    node: &Node,
+    shape: &Shape,
+    record: &Option<PathBuf>,
+) -> Result<serde_json::Value> {
+    let schema = schema();
+    let (counts, rec) = (Arc::new(Counts::default()), Records::default());
+    let engine = engine(node, &schema, &counts, &rec).await?;
+    insert(&engine, shape).await?;
+    let mut extras = Vec::new();
+    for i in 1..shape.nodes {
+        let rec = record.as_ref().map(|r| sibling(r, i));
+        extras.push(Extra::spawn(&node.url, &schema, node, rec).await?);
+    }
+    let total = |extra: &[[u64; 4]]| {
+        extra
+            .iter()
+            .fold(counts.get(), |a, b| std::array::from_fn(|k| a[k] + b[k]))
+    };
+    let progress = bar("w5", shape.jobs)?;
+    let t = Instant::now();
+    for e in &mut extras {
+        e.send("go").await?;
+    }
+    engine.start().await?;
+    let mut seen = vec![[0u64; 4]; extras.len()];
+    loop {
+        for (e, s) in extras.iter_mut().zip(seen.iter_mut()) {
+            e.send("count").await?;
+            let c = e.expect("count").await?;
+            *s = std::array::from_fn(|k| c.get(k).copied().unwrap_or(0.0) as u64);
+        }
+        let free = total(&seen)[0];
+        progress.set_position(free);
+        if free >= shape.jobs as u64 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let secs = t.elapsed().as_secs_f64();
+    progress.finish_and_clear();
+    let mark = engine.stats().pick_latencies();
+    for e in &mut extras {
+        e.send("mark").await?;
+    }
+    eprintln!("w5: unrelated jobs done; holding {:?}", shape.hold);
+    tokio::time::sleep(shape.hold).await;
+    for (e, s) in extras.iter_mut().zip(seen.iter_mut()) {
+        e.send("count").await?;
+        let c = e.expect("count").await?;
+        *s = std::array::from_fn(|k| c.get(k).copied().unwrap_or(0.0) as u64);
+    }
+    let ran = total(&seen);
+    let span = t.elapsed().as_secs_f64();
+    let (mut p99, mut p99_hold) = p99s(&engine.stats().pick_latencies(), Some(&mark));
+    engine.shutdown().await?;
+    write_records(record, &rec)?;
+    for mut e in extras {
+        e.send("end").await?;
+        let p = e.expect("p99").await?;
+        p99 = p99.max(p.first().copied().unwrap_or(0.0));
+        p99_hold = p99_hold.max(p.get(1).copied().unwrap_or(0.0));
+        e.child.wait().await?;
+        if let (Some(all), Some(mine)) = (record, &e.record) {
+            append(all, mine)?;
+        }
+    }
+    let per_s = |k: usize| ran[k] as f64 / span;
+    eprintln!(
+        "w5: {} node(s); over {span:.1} s the gate ran {:.1}/s (limit 10), the K = 1 key {:.2}/s (1), \
+         the rate limit {:.1}/s (50); claiming calls p99 {p99:.1} ms, {p99_hold:.1} ms while holding",
+        shape.nodes,
+        per_s(1),
+        per_s(2),
+        per_s(3)
+    );
+    Ok(result(
+        "w5",
+        shape.jobs,
+        secs,
+        json!({
+            "nodes": shape.nodes,
+            "backlog": shape.backlog,
+            "hold_s": shape.hold.as_secs_f64(),
+            "pick_p99_ms": p99,
+            "pick_p99_hold_ms": p99_hold,
+            "gate_per_s": per_s(1),
+            "key_per_s": per_s(2),
+            "rate_per_s": per_s(3),
+        }),
+    ))
+}
+
+/// The record file of extra node `i`, beside the main one.
+fn sibling(record: &Path, i: u32) -> PathBuf {
+    let mut name = record.as_os_str().to_owned();
+    name.push(format!(".node{i}"));
+    PathBuf::from(name)
+}
+
+fn append(all: &Path, part: &Path) -> Result<()> {
+    let text = std::fs::read(part).with_context(|| format!("reading {}", part.display()))?;
+    let mut f = std::fs::OpenOptions::new().append(true).open(all)?;
+    std::io::Write::write_all(&mut f, &text)?;
+    std::fs::remove_file(part)?;
+    Ok(())
+}
