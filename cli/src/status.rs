@@ -1,7 +1,7 @@
 //! `gendurable status`.
 
 use anyhow::{bail, Result};
-use gendurable::{ClusterStatus, Engine, GateConfig, NoNode};
+use gendurable::{ClusterStatus, Engine, GateConfig, NoNode, Parked};
 
 pub fn parse_gate(s: &str) -> Result<(String, GateConfig), String> {
     let (name, rest) = s
@@ -56,6 +56,7 @@ pub async fn run(
     for k in &st.executing_keys {
         println!("  {k}");
     }
+    parked(&st);
     println!("\nrate limits (key / next start no sooner than)");
     if st.rates.is_empty() {
         println!("  none");
@@ -86,6 +87,24 @@ pub async fn run(
         }
     }
     Ok(())
+}
+
+/// Keys with parked rows: backlogs waiting out of the pick's sight.
+fn parked(st: &ClusterStatus) {
+    println!(
+        "\nparked rows (key / waiting for / parked / unparked heads; {} keys shown, most parked first)",
+        st.parked.len()
+    );
+    if st.parked.is_empty() {
+        println!("  none");
+    }
+    for p in &st.parked {
+        let what = match p.waits_for {
+            Parked::Key => "room",
+            _ => "rate",
+        };
+        println!("  {:<30} {:<5} {:>10} {:>6}", p.key, what, p.rows, p.heads);
+    }
 }
 
 /// Waiting rows per workflow and queue, those no live node will run first.

@@ -333,3 +333,39 @@ async fn status_lists_rows_no_live_node_will_run() {
     assert!(known.ends_with("yes"), "{out}");
     pool.close().await;
 }
+
+/// A key's backlog beyond its K waits parked; status names the key, how
+/// many rows are parked and how many wait where a pick sees them.
+#[tokio::test]
+async fn status_shows_parked_rows_per_key() {
+    let pg = TempPostgres::start().await.unwrap();
+    let url = pg.url();
+    let s = ["--schema", "parks"];
+    stdout(&gendurable(&url, &["migrate", s[0], s[1]]));
+    let out = stdout(&gendurable(&url, &["status", s[0], s[1]]));
+    assert!(
+        out.contains("parked rows") && out.contains("  none"),
+        "{out}"
+    );
+    for _ in 0..4 {
+        stdout(&gendurable(
+            &url,
+            &[
+                "insert",
+                s[0],
+                s[1],
+                "--workflow",
+                "Job",
+                "--concurrency-key",
+                "acct:7",
+            ],
+        ));
+    }
+    let out = stdout(&gendurable(&url, &["status", s[0], s[1]]));
+    let line = out
+        .lines()
+        .find(|l| l.trim_start().starts_with("acct:7"))
+        .unwrap_or_else(|| panic!("no parked line for acct:7 in {out}"));
+    let fields: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(fields, ["acct:7", "room", "3", "1"], "{out}");
+}

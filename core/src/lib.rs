@@ -34,7 +34,8 @@ pub use instance::{
 };
 pub use stats::{Latencies, Stats, StatsSnapshot};
 pub use status::{
-    ClusterStatus, GateStatus, KeyLimit, NoNode, NodeStatus, QueueCount, RateStatus, WaitingRows,
+    ClusterStatus, GateStatus, KeyLimit, NoNode, NodeStatus, Parked, ParkedKey, QueueCount,
+    RateStatus, WaitingRows,
 };
 pub use transition::{AwaitOn, ConcurrencyKey, KeyChange, NextOptions, Transition, Wake};
 pub use workflow::{BoxError, FnWorkflow, StepContext, StepResult, Workflow};

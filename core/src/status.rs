@@ -19,6 +19,11 @@ pub struct ClusterStatus {
     pub executing_keys: Vec<String>,
     /// Rate-limit keys with state.
     pub rates: Vec<RateStatus>,
+    /// Keys with parked rows, the most parked first (at most 100): rows
+    /// waiting out of the pick's sight until their key has room or their
+    /// rate limit allows a start (see docs/concurrency.md, parking). Empty
+    /// when the schema predates parking.
+    pub parked: Vec<ParkedKey>,
     /// Rows waiting to run (`available` or `scheduled`) per workflow and
     /// queue, the ones no live node will run first (at most 1000 groups).
     pub waiting: Vec<WaitingRows>,
@@ -92,6 +97,31 @@ pub struct GateStatus {
     pub shards: i64,
 }
 
+/// Rows parked behind one key.
+#[derive(Debug, Clone)]
+pub struct ParkedKey {
+    /// A concurrency key (K = 1 or gated) or a rate-limit key.
+    pub key: String,
+    /// What they wait for: [`Parked::Key`] (room under the key's K) or
+    /// [`Parked::Rate`] (the rate limit's next start).
+    pub waits_for: Parked,
+    /// Parked rows.
+    pub rows: i64,
+    /// Rows of the key waiting unparked, where a pick sees them (at most its
+    /// K for a concurrency key).
+    pub heads: i64,
+}
+
+/// What a parked row waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Parked {
+    /// Room under its concurrency key's K.
+    Key,
+    /// Its rate limit's next allowed start.
+    Rate,
+}
+
 /// One rate-limit key.
 #[derive(Debug, Clone)]
 pub struct RateStatus {
@@ -139,25 +169,34 @@ impl Engine {
     /// Whether the schema's tables exist, and whether `nodes` records the
     /// workflows each node runs (a `workflows` column, `text[]` or `jsonb`).
     async fn tables(&self) -> Result<(bool, bool)> {
+        let t = self.tables_with_parking().await?;
+        Ok((t.0, t.1))
+    }
+
+    /// `tables`, and whether `instances` has the `parked` column.
+    async fn tables_with_parking(&self) -> Result<(bool, bool, bool)> {
         let s = &self.inner.cfg.schema;
         let row = sqlx::query(
             "SELECT to_regclass($1) IS NOT NULL,
                     EXISTS (SELECT 1 FROM pg_attribute
                             WHERE attrelid = to_regclass($2) AND attname = 'workflows'
+                              AND NOT attisdropped),
+                    EXISTS (SELECT 1 FROM pg_attribute
+                            WHERE attrelid = to_regclass($1) AND attname = 'parked'
                               AND NOT attisdropped)",
         )
         .bind(format!("\"{s}\".instances"))
         .bind(format!("\"{s}\".nodes"))
         .fetch_one(&self.inner.pool)
         .await?;
-        Ok((row.try_get(0)?, row.try_get(1)?))
+        Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?))
     }
 
     /// Read the cluster's state: counts, live nodes, gates, executing K = 1
     /// keys, rate-limit state and the rows no live node will run. Read-only:
     /// a schema that does not exist is an error, not created.
     pub async fn status(&self) -> Result<ClusterStatus> {
-        let (exists, workflows_recorded) = self.tables().await?;
+        let (exists, workflows_recorded, parking) = self.tables_with_parking().await?;
         if !exists {
             let schema = &self.inner.cfg.schema;
             return Err(Error::InvalidConfig(format!(
@@ -298,15 +337,61 @@ impl Engine {
             })
         })
         .collect::<Result<_>>()?;
+        let parked = match parking {
+            true => self.parked(&s).await?,
+            false => Vec::new(),
+        };
         Ok(ClusterStatus {
             counts,
             nodes,
             gates,
             executing_keys,
             rates,
+            parked,
             waiting,
             workflows_recorded,
         })
+    }
+}
+
+impl Engine {
+    /// Keys with parked rows, the most parked first; each with its rows
+    /// waiting unparked. Reads the parking indexes only.
+    async fn parked(&self, s: &str) -> Result<Vec<ParkedKey>> {
+        sqlx::query(&format!(
+            "WITH p AS (
+                 SELECT * FROM (
+                     SELECT concurrency_key AS key, 'key' AS kind, count(*) AS n FROM {s}.instances
+                     WHERE status = 'available' AND parked = 'key' GROUP BY 1
+                     UNION ALL
+                     SELECT rate_key, 'rate', count(*) FROM {s}.instances
+                     WHERE status = 'available' AND parked = 'rate' GROUP BY 1) x
+                 ORDER BY n DESC, key LIMIT 100)
+             SELECT p.key, p.kind, p.n,
+                    CASE p.kind
+                        WHEN 'key' THEN (SELECT count(*) FROM {s}.instances h
+                                         WHERE h.status = 'available' AND h.parked IS NULL
+                                           AND h.concurrency_key = p.key)
+                        ELSE (SELECT count(*) FROM {s}.instances h
+                              WHERE h.status = 'available' AND h.parked IS NULL AND h.rate_key = p.key)
+                    END
+             FROM p ORDER BY p.n DESC, p.key"
+        ))
+        .fetch_all(&self.inner.pool)
+        .await?
+        .iter()
+        .map(|r| {
+            Ok(ParkedKey {
+                key: r.try_get(0)?,
+                waits_for: match r.try_get::<&str, _>(1)? {
+                    "key" => Parked::Key,
+                    _ => Parked::Rate,
+                },
+                rows: r.try_get(2)?,
+                heads: r.try_get(3)?,
+            })
+        })
+        .collect()
     }
 }
 
