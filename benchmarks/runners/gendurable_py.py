@@ -1,6 +1,8 @@
 """gendurable through its Python binding: the same engine as the Rust runner,
 with the jobs written as Python `def` steps (run on worker threads). W2 keys
-are K = 1 concurrency keys, W3 one key of a gate with limit 10."""
+are K = 1 concurrency keys, W3 one key of a gate with limit 10. W5: the gate
+is the key `api:1` under the gate `api` (limit 10), the key the K = 1 key
+`acct:1`, the rate the rate-limit key `rl:1` (50 a second)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,22 @@ import gendurable
 import psycopg
 from gendurable import Done, NewInstance
 
-from common import GATE, KEYS, PAUSE, Records, emit, latencies, now_ns, paced_inserts, parse_args
+from common import (
+    GATE,
+    KEYS,
+    PAUSE,
+    W5_GATE,
+    W5_PAUSE,
+    W5_RATE,
+    Records,
+    Spans,
+    emit,
+    latencies,
+    now_ns,
+    paced_inserts,
+    parse_args,
+    w5,
+)
 
 SYSTEM = "gendurable-py"
 
@@ -21,6 +38,8 @@ SYSTEM = "gendurable-py"
 async def main() -> None:
     args = parse_args(SYSTEM)
     url = os.environ["DATABASE_URL"]
+    if args.workload == "w5":
+        return await run_w5(args, url)
     gates = {"api": {"limit": GATE}} if args.workload == "w3" else {}
     engine = gendurable.Engine(url, queues={"default": args.concurrency}, concurrency_limits=gates)
     records, started, done, lock = Records(), {}, [0], threading.Lock()
@@ -73,6 +92,55 @@ async def main() -> None:
     engine.shutdown()
     records.write(args.record)
     emit(SYSTEM, args.workload, args.jobs, seconds, **extra)
+
+
+async def run_w5(args, url: str) -> None:
+    engine = gendurable.Engine(
+        url,
+        queues={"default": args.concurrency},
+        concurrency_limits={"api": {"limit": W5_GATE}},
+        rate_limits={"rl": {"limit": W5_RATE, "period": 1}},
+    )
+    spans = Spans()
+    kinds = {"api:1": "gate", "acct:1": "key"}
+
+    @engine.workflow("Job")
+    def job(step, state, ctx):
+        kind = kinds.get(ctx.concurrency_key) or ("rate" if ctx.rate_limit else "free")
+        i = spans.start(kind)
+        if kind in ("gate", "key"):
+            time.sleep(W5_PAUSE)
+        spans.end(i)
+        return Done(state)
+
+    options = {
+        "gate": {"concurrency_key": "api:1"},
+        "key": {"concurrency_key": "acct:1"},
+        "rate": {"rate_limit": "rl:1"},
+        "free": {},
+    }
+    first_free = []
+
+    async def insert(kind: str, n: int) -> None:
+        ids = engine.insert_many([NewInstance("Job", {}, **options[kind]) for _ in range(n)])
+        if kind == "free" and not first_free:
+            first_free.append(min(ids))
+
+    conn = psycopg.connect(url, autocommit=True)
+
+    async def free_left() -> int:
+        # Done rows stay (completed); the free rows are the last ids.
+        sql = "SELECT count(*) FROM gendurable.instances WHERE id >= %s AND status NOT IN ('completed', 'cancelled', 'discarded')"
+        return conn.execute(sql, (first_free[0],)).fetchone()[0]
+
+    async def start_worker() -> None:
+        engine.start()
+
+    async def stop_worker() -> None:
+        engine.shutdown()
+
+    await w5(SYSTEM, args, spans, set(options), insert, start_worker, free_left, stop_worker, 50_000)
+    conn.close()
 
 
 if __name__ == "__main__":

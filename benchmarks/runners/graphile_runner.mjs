@@ -1,10 +1,12 @@
 // graphile-worker runner: W2 keys are named queues (jobs sharing a queue_name
 // run one at a time, enforced in the database). It has no limit above one per
-// queue, so W3 is reported unsupported.
+// queue, so W3 is reported unsupported. W5: the key is a named queue; there is
+// no limit above one per queue and no rate limit, so no gate or rate rows.
 import { Logger, makeWorkerUtils, run } from "graphile-worker";
 import pg from "pg";
 import {
-  PAUSE, Records, emit, keyOf, latencies, nowNs, pacedInserts, parseArgs, sleep, unsupported, waitUntil,
+  PAUSE, Records, Spans, W5, emit, keyOf, latencies, nowNs, pacedInserts, parseArgs, sleep, unsupported, w5,
+  waitUntil,
 } from "./common.mjs";
 
 const args = parseArgs("graphile-worker");
@@ -16,6 +18,56 @@ const logger = new Logger(() => (level, message) => {
 });
 const utils = await makeWorkerUtils({ connectionString, logger });
 await utils.migrate();
+
+// The documented batching options: a local queue fetches jobs in batches, and
+// completions are written together (0 ms: whatever finished meanwhile).
+const workerOptions = (taskList) => ({
+  connectionString,
+  concurrency: args.concurrency,
+  noHandleSignals: true,
+  logger,
+  pollInterval: 100,
+  maxPoolSize: args.concurrency + 4,
+  taskList,
+  preset: { worker: { localQueue: { size: 4 * args.concurrency }, completeJobBatchDelay: 0 } },
+});
+
+if (args.workload === "w5") {
+  const spans = new Spans();
+  const taskList = {
+    key: async () => {
+      const i = spans.start("key");
+      await sleep(W5.pauseMs);
+      spans.end(i);
+    },
+    free: async () => {
+      spans.end(spans.start("free"));
+    },
+  };
+  const client = new pg.Client({ connectionString });
+  await client.connect();
+  let firstFree = null, runner = null;
+  await w5(args, spans, new Set(["key", "free"]), {
+    chunk: 5000,
+    insert: async (kind, n) => {
+      const spec = kind === "key" ? { identifier: "key", payload: {}, queueName: "acct:1" } : { identifier: "free", payload: {} };
+      const jobs = await utils.addJobs(Array.from({ length: n }, () => spec));
+      if (kind === "free" && firstFree === null) firstFree = jobs.map((j) => BigInt(j.id)).reduce((a, b) => (a < b ? a : b));
+    },
+    startWorker: async () => {
+      runner = await run(workerOptions(taskList));
+    },
+    // Done rows are deleted; the free rows are the last ids.
+    freeLeft: async () =>
+      Number((await client.query("SELECT count(*) AS n FROM graphile_worker._private_jobs WHERE id >= $1", [String(firstFree)])).rows[0].n),
+    stopWorker: async () => {
+      await runner.stop();
+    },
+  });
+  await utils.release();
+  await client.end();
+  process.exit(0);
+}
 
 const records = new Records();
 const started = new Map();
@@ -41,19 +93,7 @@ const finished = async () => {
   await waitUntil(async () => (await remaining()) === 0, 5);
 };
 
-// The documented batching options: a local queue fetches jobs in batches, and
-// completions are written together (0 ms: whatever finished meanwhile).
-const startWorker = () =>
-  run({
-    connectionString,
-    concurrency: args.concurrency,
-    noHandleSignals: true,
-    logger,
-    pollInterval: 100,
-    maxPoolSize: args.concurrency + 4,
-    taskList,
-    preset: { worker: { localQueue: { size: 4 * args.concurrency }, completeJobBatchDelay: 0 } },
-  });
+const startWorker = () => run(workerOptions(taskList));
 
 const spec = (i) => {
   const s = { identifier: "job", payload: { i } };

@@ -1,9 +1,12 @@
 // pg-boss runner: W2 keys are pg-boss groups with groupConcurrency 1, W3 one
 // group with groupConcurrency 10 (both tracked in the database, across nodes).
+// W5: the gate is a group of the tier "gate" (groupConcurrency tiers: 10), the
+// key a group of the default tier (1); pg-boss has no rate limit on starts
+// (its singletonSeconds throttles sends, one job per time slot), so no rate rows.
 import { PgBoss } from "pg-boss";
 import pg from "pg";
 import {
-  GATE, PAUSE, Records, emit, keyOf, latencies, nowNs, pacedInserts, parseArgs, sleep, waitUntil,
+  GATE, PAUSE, Records, Spans, W5, emit, keyOf, latencies, nowNs, pacedInserts, parseArgs, sleep, w5, waitUntil,
 } from "./common.mjs";
 
 const args = parseArgs("pg-boss");
@@ -18,6 +21,52 @@ const boss = new PgBoss({ connectionString, useListenNotify: true, max: args.con
 boss.on("error", (e) => console.error(e));
 await boss.start();
 await boss.createQueue(QUEUE, { notify: true });
+
+if (args.workload === "w5") {
+  const spans = new Spans();
+  const client = new pg.Client({ connectionString });
+  await client.connect();
+  const groups = { gate: { id: "api", tier: "gate" }, key: { id: "acct:1" } };
+  let freeAfter = null;
+  await w5(args, spans, new Set(["gate", "key", "free"]), {
+    chunk: 5000,
+    insert: async (kind, n) => {
+      if (kind === "free" && freeAfter === null) {
+        // The free rows are the last created (uuid ids say nothing of order).
+        const sql = "SELECT max(created_on)::text AS t FROM pgboss.job WHERE name = $1";
+        freeAfter = (await client.query(sql, [QUEUE])).rows[0].t;
+      }
+      const job = { data: { k: kind }, ...(groups[kind] ? { group: groups[kind] } : {}) };
+      await boss.insert(QUEUE, Array.from({ length: n }, () => job));
+    },
+    // A batch is completed together, so a 1 s job would hold the rest of its
+    // batch: 20 workers fetching one job each keep 20 in flight instead.
+    startWorker: () =>
+      boss.work(
+        QUEUE,
+        {
+          batchSize: 1,
+          localConcurrency: args.concurrency,
+          pollingIntervalSeconds: 0.5,
+          groupConcurrency: { default: W5.key, tiers: { gate: W5.gate } },
+        },
+        async ([job]) => {
+          const i = spans.start(job.data.k);
+          if (job.data.k !== "free") await sleep(W5.pauseMs);
+          spans.end(i);
+        },
+      ),
+    freeLeft: async () => {
+      const sql =
+        "SELECT count(*) AS n FROM pgboss.job WHERE name = $1 AND created_on > $2::timestamptz" +
+        " AND state IN ('created', 'retry', 'active')";
+      return Number((await client.query(sql, [QUEUE, freeAfter ?? "-infinity"])).rows[0].n);
+    },
+    stopWorker: () => boss.stop({ graceful: true, wait: true }),
+  });
+  await client.end();
+  process.exit(0);
+}
 
 const records = new Records();
 const started = new Map();

@@ -1,5 +1,7 @@
 """pgqueuer runner: W2 keys are entrypoints with concurrency_limit=1, W3 one
-entrypoint with concurrency_limit=10 (both enforced in the database)."""
+entrypoint with concurrency_limit=10 (both enforced in the database). W5: the
+gate and the key are entrypoints with concurrency_limit 10 and 1; pgqueuer has
+no rate limit since 1.0 (requests_per_second was removed), so no rate rows."""
 
 from __future__ import annotations
 
@@ -15,13 +17,18 @@ from common import (
     GATE,
     KEYS,
     PAUSE,
+    W5_GATE,
+    W5_KEY,
+    W5_PAUSE,
     Records,
+    Spans,
     emit,
     key_of,
     latencies,
     now_ns,
     paced_inserts,
     parse_args,
+    w5,
     wait_until,
 )
 
@@ -36,6 +43,8 @@ async def main() -> None:
     await client.install()
 
     pgq = PgQueuer(AsyncpgDriver(await asyncpg.connect(url)))
+    if args.workload == "w5":
+        return await run_w5(args, client, pgq)
     records, started, done = Records(), {}, [0]
     pause = PAUSE[args.workload]
 
@@ -91,6 +100,42 @@ async def main() -> None:
     await asyncio.wait_for(worker, 30)
     records.write(args.record)
     emit(SYSTEM, args.workload, args.jobs, seconds, **extra)
+
+
+async def run_w5(args, client: Queries, pgq: PgQueuer) -> None:
+    spans = Spans()
+
+    async def job(job) -> None:
+        i = spans.start(job.entrypoint)
+        if job.entrypoint != "free":
+            await asyncio.sleep(W5_PAUSE)
+        spans.end(i)
+
+    pgq.entrypoint("gate", concurrency_limit=W5_GATE)(job)
+    pgq.entrypoint("key", concurrency_limit=W5_KEY)(job)
+    pgq.entrypoint("free")(job)
+    first_free = []
+
+    async def insert(kind: str, n: int) -> None:
+        ids = await client.enqueue([kind] * n, [None] * n, [0] * n)
+        if kind == "free" and not first_free:
+            first_free.append(min(ids))
+
+    async def free_left() -> int:
+        # Done rows leave the table; the free rows are the last ids.
+        sql = "SELECT count(*) AS n FROM pgqueuer WHERE id >= $1"
+        return (await client.driver.fetch(sql, first_free[0]))[0]["n"]
+
+    worker = []
+
+    async def start_worker() -> None:
+        worker.append(asyncio.create_task(pgq.run(batch_size=BATCH, max_concurrent_tasks=args.concurrency)))
+
+    async def stop_worker() -> None:
+        pgq.shutdown.set()
+        await asyncio.wait_for(worker[0], 30)
+
+    await w5(SYSTEM, args, spans, {"gate", "key", "free"}, insert, start_worker, free_left, stop_worker, 50_000)
 
 
 if __name__ == "__main__":

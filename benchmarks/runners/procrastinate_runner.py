@@ -1,6 +1,7 @@
 """procrastinate runner: W2 keys are procrastinate `lock`s (jobs sharing a lock
 run one at a time, enforced in the database). It has no limit above one per
-key, so W3 is reported unsupported."""
+key, so W3 is reported unsupported. W5: the key is a lock; procrastinate has
+no limit above one per key and no rate limit, so no gate or rate rows."""
 
 from __future__ import annotations
 
@@ -11,7 +12,20 @@ from collections import defaultdict
 
 import procrastinate
 
-from common import PAUSE, Records, emit, key_of, latencies, now_ns, paced_inserts, parse_args, unsupported
+from common import (
+    PAUSE,
+    W5_PAUSE,
+    Records,
+    Spans,
+    emit,
+    key_of,
+    latencies,
+    now_ns,
+    paced_inserts,
+    parse_args,
+    unsupported,
+    w5,
+)
 
 SYSTEM = "procrastinate"
 
@@ -21,6 +35,8 @@ async def main() -> None:
     if args.workload == "w3":
         unsupported(SYSTEM, "w3", "no concurrency limit above 1 per key (lock = one at a time)")
     app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=os.environ["DATABASE_URL"]))
+    if args.workload == "w5":
+        return await run_w5(args, app)
     records, started, done = Records(), {}, [0]
     pause = PAUSE[args.workload]
 
@@ -44,16 +60,7 @@ async def main() -> None:
                 await asyncio.sleep(0.005)
 
         def start_worker() -> asyncio.Task:
-            # listen_notify wakes the worker on inserts; the short polling interval
-            # bounds the wait after a fetch found every remaining key locked.
-            return asyncio.create_task(
-                app.run_worker_async(
-                    concurrency=args.concurrency,
-                    listen_notify=True,
-                    fetch_job_polling_interval=0.1,
-                    install_signal_handlers=False,
-                )
-            )
+            return worker_task(app, args.concurrency)
 
         extra = {}
         if args.workload == "w4":
@@ -80,6 +87,57 @@ async def main() -> None:
         await asyncio.gather(worker, return_exceptions=True)
     records.write(args.record)
     emit(SYSTEM, args.workload, args.jobs, seconds, **extra)
+
+
+def worker_task(app: procrastinate.App, concurrency: int) -> asyncio.Task:
+    # listen_notify wakes the worker on inserts; the short polling interval
+    # bounds the wait after a fetch found every remaining key locked.
+    return asyncio.create_task(
+        app.run_worker_async(
+            concurrency=concurrency,
+            listen_notify=True,
+            fetch_job_polling_interval=0.1,
+            install_signal_handlers=False,
+        )
+    )
+
+
+async def run_w5(args, app: procrastinate.App) -> None:
+    spans = Spans()
+
+    @app.task(name="key")
+    async def key() -> None:
+        i = spans.start("key")
+        await asyncio.sleep(W5_PAUSE)
+        spans.end(i)
+
+    @app.task(name="free")
+    async def free() -> None:
+        spans.end(spans.start("free"))
+
+    deferrers = {"key": key.configure(lock="acct:1"), "free": free.configure()}
+    first_free, worker = [], []
+
+    async def insert(kind: str, n: int) -> None:
+        ids = await deferrers[kind].batch_defer_async(*([{}] * n))
+        if kind == "free" and not first_free:
+            first_free.append(min(ids))
+
+    async def free_left() -> int:
+        # Done rows stay (status 'succeeded'); the free rows are the last ids.
+        sql = "SELECT count(*) FROM procrastinate_jobs WHERE id >= %(id)s AND status IN ('todo', 'doing')"
+        return (await app.connector.execute_query_one_async(sql, id=first_free[0]))["count"]
+
+    async def start_worker() -> None:
+        worker.append(worker_task(app, args.concurrency))
+
+    async def stop_worker() -> None:
+        worker[0].cancel()  # a graceful stop in procrastinate
+        await asyncio.gather(worker[0], return_exceptions=True)
+
+    async with app.open_async():
+        await app.schema_manager.apply_schema_async()
+        await w5(SYSTEM, args, spans, {"key", "free"}, insert, start_worker, free_left, stop_worker, 10_000)
 
 
 if __name__ == "__main__":
