@@ -253,11 +253,12 @@ async fn w1(node: &Node, n: usize) -> Result<serde_json::Value> {
         .await?;
     let insert = t.elapsed().as_secs_f64();
     let secs = drain_reported(&engine, "w1", n).await?;
+    let p99 = engine.stats().pick_latency(0.99).as_secs_f64() * 1e3;
     Ok(result(
         "w1",
         n,
         secs,
-        json!({ "insert_per_s": n as f64 / insert }),
+        json!({ "insert_per_s": n as f64 / insert, "pick_p99_ms": p99 }),
     ))
 }
 
