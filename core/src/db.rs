@@ -22,6 +22,9 @@ pub(crate) struct Sql {
     pub forget_node: String,
     pub prune: String,
     pub reconcile: String,
+    pub orphans: String,
+    pub park_orphans: String,
+    pub unpark_workflows: String,
     pub prune_rates: String,
     pub forget_dead_nodes: String,
     pub held_by_node: String,
@@ -62,6 +65,10 @@ impl Sql {
                          SELECT nextval(s) FROM q, generate_series(1, $1)"),
             copy_in: q("COPY __S__.instances (id, workflow, step, state, queue, priority, concurrency_key,
                                               rate_key, max_attempts, status, parked) FROM STDIN"),
+            // The ($1 queue, $2 workflow) pairs whose rows no live node (within
+            // $3 seconds) will run (see the workflow parking migration).
+            orphans: q("SELECT q, w FROM unnest($1::text[], $2::text[]) AS p(q, w)
+                        WHERE __S__.orphaned(q, w, $3)"),
             // $1 keys, $2/$3 gate names and limits (see the parking migration).
             key_room: q("SELECT key, room FROM __S__.key_room($1, $2, $3)"),
             // $1 rate keys, $2 most rows to count, $3/$4/$5 rate limits.
@@ -99,6 +106,10 @@ impl Sql {
                           WHERE status IN ('completed', 'cancelled', 'discarded')
                             AND finished_at < now() - make_interval(secs => $1)
                           LIMIT $2)"),
+            // $1 queue, $2 lease in seconds, $3 rows at the head to look at.
+            park_orphans: q("SELECT __S__.park_orphans($1, $2, $3)"),
+            // $1 queues, $2 workflows (a node's), $3 rows per pair, $4 channel.
+            unpark_workflows: q("SELECT __S__.unpark_workflows($1, $2, $3, $4)"),
             reconcile: q("SELECT changed, last_key FROM __S__.reconcile_gates($1, $2)"),
             prune_rates: q("DELETE FROM __S__.rate_state WHERE key IN (
                                 SELECT key FROM __S__.rate_state WHERE tat < now() - interval '1 minute'

@@ -10,7 +10,7 @@ use crate::validate;
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 use sqlx::{PgPool, Postgres, Row};
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fmt::Write;
 use std::sync::Arc;
 
@@ -163,6 +163,7 @@ where
         .bind(rate_names)
         .bind(rate_intervals)
         .bind(rate_tolerances)
+        .bind(inner.cfg.lease.as_secs_f64())
         .fetch_all(executor)
         .await;
     // Rows come back in input order; the started ones with their state.
@@ -267,19 +268,45 @@ pub(crate) async fn copy(inner: &Inner, pool: &PgPool, rows: Rows) -> Result<Vec
     Ok(ids)
 }
 
-/// How to park the rows of a batch due now: those beyond the room their
-/// key has ("key"), else beyond the room their rate limit has ("rate"), in
-/// the order the pick would take them (priority, then the batch's order); see
-/// `key_room` and `rate_room` in the parking migration.
+/// How to park the rows of a batch due now: those of a workflow none of
+/// their queue's live nodes runs ("workflow"), else those beyond the room
+/// their key has ("key"), else beyond the room their rate limit has
+/// ("rate"), in the order the pick would take them (priority, then the
+/// batch's order); see `orphaned`, `key_room` and `rate_room` in the
+/// migrations.
 async fn parked_on_copy(
     inner: &Inner,
     tx: &mut sqlx::PgConnection,
     rows: &Rows,
 ) -> Result<Vec<Option<&'static str>>> {
-    let mut parked = vec![None; rows.len()];
+    let pairs: BTreeSet<(&str, &str)> = (0..rows.len())
+        .map(|i| (rows.queue[i].as_str(), rows.workflow[i].as_str()))
+        .collect();
+    let (queues, workflows): (Vec<&str>, Vec<&str>) = pairs.into_iter().unzip();
+    let orphans: Vec<(String, String)> = sqlx::query_as(&inner.sql.orphans)
+        .bind(&queues)
+        .bind(&workflows)
+        .bind(inner.cfg.lease.as_secs_f64())
+        .fetch_all(&mut *tx)
+        .await?;
+    let orphans: HashSet<(&str, &str)> = orphans
+        .iter()
+        .map(|(q, w)| (q.as_str(), w.as_str()))
+        .collect();
+    let mut parked: Vec<Option<&'static str>> = vec![None; rows.len()];
+    if !orphans.is_empty() {
+        for (i, p) in parked.iter_mut().enumerate() {
+            if orphans.contains(&(rows.queue[i].as_str(), rows.workflow[i].as_str())) {
+                *p = Some("workflow");
+            }
+        }
+    }
     let mut order: Vec<usize> = (0..rows.len()).collect();
     order.sort_by_key(|&i| (rows.priority[i], i));
-    let keys: Vec<&str> = rows.ckey.iter().flatten().map(String::as_str).collect();
+    let keys: Vec<&str> = (0..rows.len())
+        .filter(|&i| parked[i].is_none())
+        .filter_map(|i| rows.ckey[i].as_deref())
+        .collect();
     if !keys.is_empty() {
         let (names, limits) = inner.cfg.gate_arrays();
         let room = sqlx::query_as::<_, (String, i32)>(&inner.sql.key_room)

@@ -43,6 +43,12 @@ const PRUNE_BATCH: i64 = 10_000;
 const RECONCILE_BATCH: i32 = 1000;
 /// Keys (and rate-limit keys) with parked rows the sweep looks at per pass.
 const UNPARK_BATCH: i32 = 1000;
+/// Rows at the head of a queue looked at for workflows no live node runs,
+/// per batch, and batches per pass at most.
+const ORPHAN_BATCH: i32 = 1000;
+const ORPHAN_PASSES: usize = 10;
+/// Rows parked for their workflow taken back per (queue, workflow) per pass.
+const UNPARK_WORKFLOW_BATCH: i32 = 10_000;
 
 pub(crate) struct Node {
     shared: Arc<Shared>,
@@ -1438,6 +1444,11 @@ async fn maintain(sh: Arc<Shared>) {
                 tracing::debug!(error = %e, "reaping failed");
             }
         }
+        if sh.live.is_live() {
+            if let Err(e) = park_by_workflow(&sh).await {
+                tracing::debug!(error = %e, "parking by workflow failed");
+            }
+        }
         // Parked rows whose key has room (a race, a rescue, a repaired
         // gate) or whose rate limit allows starts again.
         match unpark(&sh, parked_after.as_deref(), true).await {
@@ -1578,6 +1589,41 @@ async fn unpark(sh: &Shared, after: Option<&str>, keys: bool) -> Result<(u64, Op
     let n = row.try_get::<i32, _>(0)? as u64;
     Stats::add(&inner.stats.unparked, n);
     Ok((n, row.try_get(1)?))
+}
+
+/// Rows a pick would step over because no live node runs their workflow:
+/// park those at the head of each of this node's queues (a batch, again
+/// while batches come back full, up to `ORPHAN_PASSES`), and take back the
+/// rows parked for the workflows this node runs (see the workflow parking
+/// migration). Returns the rows parked and unparked.
+async fn park_by_workflow(sh: &Shared) -> Result<(u64, u64)> {
+    let inner = &sh.inner;
+    let lease = inner.cfg.lease.as_secs_f64();
+    let mut parked = 0;
+    for queue in inner.cfg.queues.keys() {
+        for _ in 0..ORPHAN_PASSES {
+            let n: i32 = sqlx::query_scalar(&inner.sql.park_orphans)
+                .bind(queue)
+                .bind(lease)
+                .bind(ORPHAN_BATCH)
+                .fetch_one(&inner.pool)
+                .await?;
+            parked += n as u64;
+            if n < ORPHAN_BATCH {
+                break;
+            }
+        }
+    }
+    let queues: Vec<&String> = inner.cfg.queues.keys().collect();
+    let n: i32 = sqlx::query_scalar(&inner.sql.unpark_workflows)
+        .bind(&queues)
+        .bind(&sh.pick.workflows)
+        .bind(UNPARK_WORKFLOW_BATCH)
+        .bind(&inner.sql.channel)
+        .fetch_one(&inner.pool)
+        .await?;
+    Stats::add(&inner.stats.unparked, n as u64);
+    Ok((parked, n as u64))
 }
 
 /// One bounded reconciler pass from the gate key after `after`: repair gate

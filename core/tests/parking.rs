@@ -250,3 +250,82 @@ async fn rate_parked_rows_come_back_at_their_rate() {
     support::wait_count(node.pool(), &schema, "completed", ids.len() as i64).await;
     node.shutdown().await.unwrap();
 }
+
+/// Rows parked because no live node runs their workflow.
+async fn parked_for_workflow(pool: &PgPool, schema: &str) -> i64 {
+    sqlx::query_scalar(&format!(
+        "SELECT count(*) FROM \"{schema}\".instances WHERE status = 'available' AND parked = 'workflow'"
+    ))
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// A node of the default queue running only `workflow`.
+async fn node_running(schema: &str, workflow: &str) -> Engine {
+    support::builder(&support::url(), schema)
+        .queue("default", 4)
+        .workflow_fn(workflow, |_step, state, _ctx| async move {
+            Ok(Transition::done(state))
+        })
+        .start()
+        .await
+        .unwrap()
+}
+
+fn of(workflow: &str, n: usize) -> Vec<NewInstance> {
+    (0..n)
+        .map(|_| NewInstance::new(workflow, json!({})))
+        .collect()
+}
+
+/// While live nodes serve a queue and none of them runs a workflow, its rows
+/// are parked as they are inserted (by statement and by COPY), so picks of
+/// the queue never step over them; a node that runs the workflow takes them
+/// back and runs them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_of_a_workflow_no_live_node_runs_wait_parked() {
+    let schema = support::schema("park_workflow");
+    let a = node_running(&schema, "Job").await;
+    let pool = a.pool().clone();
+    a.insert_many(of("Other", 20)).await.unwrap();
+    a.insert_many(of("Other", 3000)).await.unwrap();
+    a.insert_many(of("Job", 5)).await.unwrap();
+    assert_eq!(parked_for_workflow(&pool, &schema).await, 3020);
+    support::wait_count(&pool, &schema, "completed", 5).await;
+    assert_eq!(parked_for_workflow(&pool, &schema).await, 3020);
+    let b = node_running(&schema, "Other").await;
+    support::wait_count(&pool, &schema, "completed", 3025).await;
+    assert_eq!(parked_for_workflow(&pool, &schema).await, 0);
+    b.shutdown().await.unwrap();
+    a.shutdown().await.unwrap();
+}
+
+/// Rows inserted while no node served their queue are not parked (the
+/// first node decides); a node that does not run their workflow parks them
+/// from the head of its queue, and one that does takes them back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_parks_what_it_finds_no_live_node_runs() {
+    let schema = support::schema("park_orphans");
+    let c = client(&schema).await;
+    let pool = c.pool().clone();
+    c.insert_many(of("Other", 2500)).await.unwrap();
+    c.insert_many(of("Job", 5)).await.unwrap();
+    assert_eq!(parked_for_workflow(&pool, &schema).await, 0);
+    let a = node_running(&schema, "Job").await;
+    support::wait_count(&pool, &schema, "completed", 5).await;
+    support::eventually(
+        "the other workflow's rows parked",
+        Duration::from_secs(60),
+        || {
+            let pool = pool.clone();
+            let schema = schema.clone();
+            async move { parked_for_workflow(&pool, &schema).await == 2500 }
+        },
+    )
+    .await;
+    let b = node_running(&schema, "Other").await;
+    support::wait_count(&pool, &schema, "completed", 2505).await;
+    b.shutdown().await.unwrap();
+    a.shutdown().await.unwrap();
+}

@@ -3,17 +3,25 @@
 -- the caller's transaction wakes nobody until it commits). Rows flagged in
 -- $12 are claimed by the inserting node $13 as they are inserted (see
 -- `Engine::insert_many`): they start there without a pick and wake nobody.
--- Rows due now beyond the room their key has (key_room, with the gate names
--- and limits $14/$15), or else beyond the room their rate limit has
--- (rate_room, with the rate limits $16/$17/$18), are parked: they wait out of
--- the pick's index.
-WITH input AS (
+-- Rows due now are parked (they wait out of the pick's index): those of a
+-- workflow none of their queue's live nodes runs (`orphaned`, nodes live
+-- within $19 seconds); else those beyond the room their key has (key_room,
+-- with the gate names and limits $14/$15); else those beyond the room their
+-- rate limit has (rate_room, with the rate limits $16/$17/$18).
+WITH given AS (
     SELECT u.*, coalesce(u.at, now() + make_interval(secs => coalesce(u.delay, 0))) AS due,
-           NOT u.here AND u.at IS NULL AND coalesce(u.delay, 0) <= 0 AS now_due
+           NOT u.here AND u.at IS NULL AND coalesce(u.delay, 0) <= 0 AS due_now
     FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::smallint[], $6::text[],
                 $7::text[], $8::integer[], $9::float8[], $10::timestamptz[], $12::boolean[])
          WITH ORDINALITY AS u(workflow, step, state, queue, priority, ckey, rkey, max_attempts,
                               delay, at, here, ord)
+), orphans AS (
+    SELECT d.queue, d.workflow FROM (SELECT DISTINCT queue, workflow FROM given WHERE due_now) d
+    WHERE __S__.orphaned(d.queue, d.workflow, $19)
+), input AS (
+    -- now_due: due now and waiting for the pick (not parked for its workflow).
+    SELECT g.*, o.queue IS NOT NULL AS orphan, g.due_now AND o.queue IS NULL AS now_due
+    FROM given g LEFT JOIN orphans o ON o.queue = g.queue AND o.workflow = g.workflow AND g.due_now
 ), kroom AS (
     SELECT * FROM __S__.key_room(
         (SELECT array_agg(ckey) FROM input WHERE now_due AND ckey IS NOT NULL), $14, $15)
@@ -27,7 +35,8 @@ WITH input AS (
         (SELECT array_agg(rkey) FROM kranked WHERE now_due AND rkey IS NOT NULL AND NOT kpark),
         (SELECT count(*)::integer FROM input), $16, $17, $18)
 ), ranked AS (
-    SELECT k.*, CASE WHEN k.kpark THEN 'key'
+    SELECT k.*, CASE WHEN k.orphan THEN 'workflow'
+                     WHEN k.kpark THEN 'key'
                      WHEN k.now_due AND k.rkey IS NOT NULL
                           AND row_number() OVER (PARTITION BY k.rkey, k.now_due AND NOT k.kpark
                                                  ORDER BY k.priority, k.ord)
