@@ -53,10 +53,13 @@ CREATE INDEX instances_rate_heads ON instances (rate_key)
 -- unparked rows costs no more than one with K.
 CREATE FUNCTION key_room(keys text[], gate_names text[], gate_limits integer[])
 RETURNS TABLE (key text, room integer)
-LANGUAGE sql STABLE
+LANGUAGE plpgsql STABLE
 SET search_path FROM CURRENT
 SET jit = off
 AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
     SELECT k.key, greatest(k.cap
                - (SELECT count(*) FROM (SELECT 1 FROM instances e
                                          WHERE e.status = 'executing' AND e.gate_shard IS NULL
@@ -68,7 +71,8 @@ AS $$
                                          WHERE a.status = 'available' AND a.parked IS NULL
                                            AND a.concurrency_key = k.key LIMIT k.cap) x), 0)::integer
     FROM (SELECT d.key, coalesce(gate_limits[array_position(gate_names, split_part(d.key, ':', 1))], 1) AS cap
-          FROM (SELECT DISTINCT unnest(keys) AS key) d) k
+          FROM (SELECT DISTINCT unnest(keys) AS key) d) k;
+END
 $$;
 
 -- The room each rate-limit key has for rows to wait unparked: the starts its
@@ -77,10 +81,13 @@ $$;
 CREATE FUNCTION rate_room(keys text[], lim integer,
                           rate_names text[], rate_intervals float8[], rate_tolerances float8[])
 RETURNS TABLE (key text, room integer)
-LANGUAGE sql STABLE
+LANGUAGE plpgsql STABLE
 SET search_path FROM CURRENT
 SET jit = off
 AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
     SELECT k.key, greatest(k.allowed
                - (SELECT count(*) FROM (SELECT 1 FROM instances a
                                          WHERE a.status = 'available' AND a.parked IS NULL
@@ -96,7 +103,8 @@ AS $$
                           floor(rate_tolerances[d.ri] / rate_intervals[d.ri] + 1e-9)::integer + 1))
                  END AS allowed
           FROM (SELECT u.key, array_position(rate_names, split_part(u.key, ':', 1)) AS ri
-                FROM (SELECT DISTINCT unnest(keys) AS key) u) d) k
+                FROM (SELECT DISTINCT unnest(keys) AS key) u) d) k;
+END
 $$;
 
 -- Unpark the next rows of `keys`, in key order, as far as each key has room,
@@ -104,10 +112,13 @@ $$;
 -- how many rows it unparked.
 CREATE FUNCTION unpark_keys(keys text[], gate_names text[], gate_limits integer[], channel text)
 RETURNS integer
-LANGUAGE sql VOLATILE
+LANGUAGE plpgsql VOLATILE
 SET search_path FROM CURRENT
 SET jit = off
 AS $$
+DECLARE
+    n integer;
+BEGIN
     WITH r AS (
         SELECT key, room FROM key_room(keys, gate_names, gate_limits) WHERE room > 0
     ), c AS (
@@ -118,11 +129,13 @@ AS $$
             LIMIT r.room
             FOR UPDATE SKIP LOCKED) p
     ), u AS (
-        UPDATE instances i SET parked = NULL FROM c WHERE i.id = c.id RETURNING i.queue
+        UPDATE instances i SET parked = NULL WHERE i.id = ANY (ARRAY(SELECT c.id FROM c)) RETURNING i.queue
     ), woken AS (
         SELECT pg_notify(channel, q) FROM (SELECT DISTINCT queue AS q FROM u) d WHERE channel IS NOT NULL
     )
-    SELECT ((SELECT count(*) FROM u) + 0 * (SELECT count(*) FROM woken))::integer
+    SELECT ((SELECT count(*) FROM u) + 0 * (SELECT count(*) FROM woken))::integer INTO n;
+    RETURN n;
+END
 $$;
 
 -- The sweep: if `keys`, up to `lim` keys with parked rows from the first
@@ -185,7 +198,7 @@ BEGIN
             FOR UPDATE SKIP LOCKED) p
         WHERE a.n > 0
     ), u AS (
-        UPDATE instances i SET parked = NULL FROM c WHERE i.id = c.id RETURNING i.queue
+        UPDATE instances i SET parked = NULL WHERE i.id = ANY (ARRAY(SELECT c.id FROM c)) RETURNING i.queue
     ), woken AS (
         SELECT pg_notify(channel, q) FROM (SELECT DISTINCT queue AS q FROM u) d
     )
@@ -211,6 +224,9 @@ DECLARE
     w_rate text[];
     w_attempt integer[];
     limited boolean;
+    -- Rows to park for their key and for their rate limit.
+    p_key bigint[];
+    p_rate bigint[];
 BEGIN
     -- (1) The window: the queue's next rows, locked. Parked rows are not in
     -- the index it walks.
@@ -421,9 +437,14 @@ BEGIN
                                                   UNION ALL SELECT id, why FROM more) t
             ORDER BY id, why
         )
-        UPDATE instances i SET parked = t.why
-        FROM todo t
-        WHERE i.id = t.id;
+        SELECT coalesce(array_agg(t.id) FILTER (WHERE t.why = 'key'), '{}'),
+               coalesce(array_agg(t.id) FILTER (WHERE t.why = 'rate'), '{}')
+        INTO p_key, p_rate
+        FROM todo t;
+        -- By primary key (`= ANY`): joined to a set, a generic plan may hash
+        -- the whole table.
+        UPDATE instances i SET parked = 'key' WHERE i.id = ANY (p_key);
+        UPDATE instances i SET parked = 'rate' WHERE i.id = ANY (p_rate);
     END IF;
 END
 $$;

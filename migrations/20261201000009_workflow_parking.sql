@@ -70,7 +70,7 @@ BEGIN
                               AND y.node IS NULL
                             FOR UPDATE SKIP LOCKED) x
     ), parked AS (
-        UPDATE instances i SET parked = 'workflow' FROM todo t WHERE i.id = t.id RETURNING 1
+        UPDATE instances i SET parked = 'workflow' WHERE i.id = ANY (ARRAY(SELECT t.id FROM todo t)) RETURNING 1
     )
     SELECT count(*) INTO n FROM parked;
     RETURN n;
@@ -100,7 +100,7 @@ BEGIN
             LIMIT lim
             FOR UPDATE SKIP LOCKED) p
     ), u AS (
-        UPDATE instances i SET parked = NULL FROM c WHERE i.id = c.id RETURNING i.queue
+        UPDATE instances i SET parked = NULL WHERE i.id = ANY (ARRAY(SELECT c.id FROM c)) RETURNING i.queue
     ), woken AS (
         SELECT pg_notify(channel, d.queue) FROM (SELECT DISTINCT queue FROM u) d
     )

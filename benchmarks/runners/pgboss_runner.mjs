@@ -40,13 +40,15 @@ if (args.workload === "w5") {
       await boss.insert(QUEUE, Array.from({ length: n }, () => job));
     },
     // A batch is completed together, so a 1 s job would hold the rest of its
-    // batch: 20 workers fetching one job each keep 20 in flight instead.
+    // batch: 20 workers fetching one job each keep 20 in flight instead, each
+    // fetching again at once while its fetches come back full.
     startWorker: () =>
       boss.work(
         QUEUE,
         {
           batchSize: 1,
           localConcurrency: args.concurrency,
+          burstWhenBatchFull: true,
           pollingIntervalSeconds: 0.5,
           groupConcurrency: { default: W5.key, tiers: { gate: W5.gate } },
         },
