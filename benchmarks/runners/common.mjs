@@ -106,9 +106,10 @@ export class Spans {
 }
 
 // W5's course, the same for every runner: insert the kinds in `supported` in
-// batches of `chunk` (`insert(kind, n)`), start the worker, time the free rows
-// until the system's own tables show none left (`freeLeft()`), hold, stop.
-export async function w5(args, spans, supported, { insert, startWorker, freeLeft, stopWorker, chunk }) {
+// batches of `chunk` (`insert(kind, n)`), `prepare()` if given (before the
+// clock), start the worker, time the free rows until the system's own tables
+// show none left (`freeLeft()`), hold, stop.
+export async function w5(args, spans, supported, { insert, prepare, startWorker, freeLeft, stopWorker, chunk }) {
   const rows = { gate: args.backlog, key: args.backlog, rate: Math.floor(args.backlog / 10), free: args.jobs };
   for (const kind of W5.kinds) {
     if (!supported.has(kind)) continue;
@@ -126,6 +127,7 @@ export async function w5(args, spans, supported, { insert, startWorker, freeLeft
       }
     }
   }
+  if (prepare) await prepare();
   const t = performance.now();
   const t0 = nowNs();
   await startWorker();

@@ -21,6 +21,7 @@ W5_KINDS = ("gate", "key", "rate", "free")
 W5_GATE = 10  # gate: at most 10 running at once
 W5_KEY = 1  # key: one key, one at a time
 W5_RATE = 50  # rate: at most 50 starts a second
+W5_RATE_BURST = 5  # gendurable's runners let up to 5 of them start back to back
 W5_PAUSE = 1.0  # seconds each gate and key step sleeps (rate and free are no-ops)
 
 now_ns = time.time_ns  # CLOCK_REALTIME, comparable across processes
@@ -112,7 +113,8 @@ class Progress:
         if self.n >= self.total or now - self.last >= 1:
             self.last = now
             rate = self.n / max(now - self.t0, 1e-9)
-            print(f"insert {self.kind:<4} {self.n:>9,}/{self.total:,} ({rate:,.0f}/s)", file=sys.stderr, flush=True)
+            line = f"insert {self.kind:<4} {self.n:>9,}/{self.total:,} ({rate:,.0f}/s)"
+            print(line, file=sys.stderr, flush=True)
 
 
 async def w5(
@@ -145,7 +147,8 @@ async def w5(
     while await free_left():
         await asyncio.sleep(0.005)
     seconds = time.perf_counter() - t0
-    print(f"w5: {args.jobs:,} free jobs in {seconds:.2f} s; holding {args.hold:g} s", file=sys.stderr, flush=True)
+    line = f"w5: {args.jobs:,} free jobs in {seconds:.2f} s; holding {args.hold:g} s"
+    print(line, file=sys.stderr, flush=True)
     await asyncio.sleep(args.hold)
     t1_ns = now_ns()
     await stop_worker()
