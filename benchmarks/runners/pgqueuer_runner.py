@@ -135,7 +135,8 @@ async def run_w5(args, client: Queries, pgq: PgQueuer) -> None:
         pgq.shutdown.set()
         await asyncio.wait_for(worker[0], 30)
 
-    await w5(SYSTEM, args, spans, {"gate", "key", "free"}, insert, start_worker, free_left, stop_worker, 50_000)
+    kinds = {"gate", "key", "free"}
+    await w5(SYSTEM, args, spans, kinds, insert, start_worker, free_left, stop_worker, 50_000)
 
 
 if __name__ == "__main__":
