@@ -153,7 +153,8 @@ async def run_w5(args, url: str, client: DBOSClient) -> None:
                 client.enqueue_in_transaction(conn, opts, kind)
 
     left = sa.text(
-        "SELECT count(*) FROM dbos.workflow_status WHERE queue_name = 'free' AND status IN ('ENQUEUED', 'PENDING')"
+        "SELECT count(*) FROM dbos.workflow_status"
+        " WHERE queue_name = 'free' AND status IN ('ENQUEUED', 'PENDING')"
     )
 
     async def free_left() -> int:
