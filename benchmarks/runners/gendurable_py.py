@@ -2,7 +2,7 @@
 with the jobs written as Python `def` steps (run on worker threads). W2 keys
 are K = 1 concurrency keys, W3 one key of a gate with limit 10. W5: the gate
 is the key `api:1` under the gate `api` (limit 10), the key the K = 1 key
-`acct:1`, the rate the rate-limit key `rl:1` (50 a second)."""
+`acct:1`, the rate the rate-limit key `rl:1` (50 a second, burst 5)."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from common import (
     W5_GATE,
     W5_PAUSE,
     W5_RATE,
+    W5_RATE_BURST,
     Records,
     Spans,
     emit,
@@ -99,7 +100,8 @@ async def run_w5(args, url: str) -> None:
         url,
         queues={"default": args.concurrency},
         concurrency_limits={"api": {"limit": W5_GATE}},
-        rate_limits={"rl": {"limit": W5_RATE, "period": 1}},
+        # Up to 5 starts back to back, as in the Rust runner (cli/src/w5.rs).
+        rate_limits={"rl": {"limit": W5_RATE, "period": 1, "burst": W5_RATE_BURST}},
     )
     spans = Spans()
     kinds = {"api:1": "gate", "acct:1": "key"}
@@ -130,7 +132,10 @@ async def run_w5(args, url: str) -> None:
 
     async def free_left() -> int:
         # Done rows stay (completed); the free rows are the last ids.
-        sql = "SELECT count(*) FROM gendurable.instances WHERE id >= %s AND status NOT IN ('completed', 'cancelled', 'discarded')"
+        sql = (
+            "SELECT count(*) FROM gendurable.instances"
+            " WHERE id >= %s AND status NOT IN ('completed', 'cancelled', 'discarded')"
+        )
         return conn.execute(sql, (first_free[0],)).fetchone()[0]
 
     async def start_worker() -> None:
