@@ -1,8 +1,12 @@
 # gendurable through its Elixir binding: the same engine as the Rust runner,
 # with the jobs written as an Elixir workflow (each step runs in a supervised
 # process). W2 keys are K = 1 concurrency keys, W3 one key of a gate with
-# limit 10. Run by the harness as
+# limit 10. W5: the gate is the key "api:1" under the gate "api" (limit 10),
+# the key the K = 1 key "acct:1", the rate the rate-limit key "rl:1" (50/s,
+# burst 5).
+# Run by the harness as
 #   elixir -pa <gen_durable ebin> gendurable_ex.exs <w1|w2|w3|w4> --concurrency 20 --jobs N --record FILE
+#   elixir -pa <gen_durable ebin> gendurable_ex.exs w5 --concurrency 20 --jobs N --backlog B --hold S --record FILE
 
 defmodule Bench.Job do
   use GenDurable
@@ -18,9 +22,115 @@ defmodule Bench.Job do
   end
 end
 
+defmodule Bench.W5Job do
+  use GenDurable
+
+  # W5: the kind follows from the key the step holds or the rate limit it was
+  # admitted under. A start is kept when the step starts, so that a step still
+  # running when the worker stops is recorded too.
+  @impl true
+  def handle_step(_step, state, ctx) do
+    kind =
+      case {ctx.concurrency_key, ctx.rate_limit} do
+        {"api:1", _} -> "gate"
+        {"acct:1", _} -> "key"
+        {nil, nil} -> "free"
+        {nil, _} -> "rate"
+      end
+
+    i = :erlang.unique_integer([:positive])
+    start = System.os_time(:nanosecond)
+    :ets.insert(:bench_spans, {i, kind, start, nil})
+    if kind in ["gate", "key"], do: Process.sleep(1000)
+    :ets.insert(:bench_spans, {i, kind, start, System.os_time(:nanosecond)})
+    if kind == "free", do: :counters.add(:persistent_term.get(:bench_done), 1, 1)
+    {:done, state}
+  end
+end
+
 defmodule Bench do
   @jobs %{"w1" => 20_000, "w2" => 10_000, "w3" => 2_000, "w4" => 500}
   @pause %{"w1" => 0, "w2" => 5, "w3" => 20, "w4" => 0}
+
+  def main(["w5" | rest]) do
+    strict = [concurrency: :integer, jobs: :integer, record: :string, backlog: :integer, hold: :float]
+    {opts, _, _} = OptionParser.parse(rest, strict: strict)
+    c = Keyword.get(opts, :concurrency, 20)
+    n = Keyword.get(opts, :jobs) || 20_000
+    backlog = Keyword.get(opts, :backlog, 1_000_000)
+    hold = Keyword.get(opts, :hold, 10.0)
+    url = System.fetch_env!("DATABASE_URL")
+    done = :counters.new(1, [:atomics])
+    :persistent_term.put(:bench_done, done)
+    :ets.new(:bench_spans, [:public, :named_table, write_concurrency: true])
+
+    # Up to 5 rate-limited starts back to back, as in the Rust runner (cli/src/w5.rs).
+    limits = [concurrency_limits: [api: [limit: 10]], rate_limits: [rl: [limit: 50, period: 1000, burst: 5]]]
+    # A client-only engine inserts the backlogs, then the free rows; the worker starts afterwards.
+    {:ok, client} = GenDurable.start_link([name: :client, url: url] ++ limits)
+
+    kinds = [
+      {"gate", backlog, [concurrency_key: "api:1"]},
+      {"key", backlog, [concurrency_key: "acct:1"]},
+      {"rate", div(backlog, 10), [rate_limit: "rl:1"]},
+      {"free", n, []}
+    ]
+
+    first_free =
+      Enum.reduce(kinds, nil, fn {kind, total, opts}, first ->
+        t = System.monotonic_time()
+
+        Enum.reduce(Stream.chunk_every(1..total//1, 5000), first, fn chunk, first ->
+          ids = GenDurable.insert_all!(Enum.map(chunk, fn _ -> {Bench.W5Job, [state: %{}] ++ opts} end), engine: :client)
+          done_rows = List.last(chunk)
+
+          if done_rows == total or rem(done_rows, 50_000) == 0 do
+            rate = round(done_rows / seconds(t))
+            IO.puts(:stderr, "insert #{String.pad_trailing(kind, 4)} #{done_rows}/#{total} (#{rate}/s)")
+          end
+
+          if kind == "free" and first == nil, do: Enum.min(ids), else: first
+        end)
+      end)
+
+    Supervisor.stop(client)
+
+    worker = [name: :bench, url: url, queues: [default: c], workflows: [Bench.W5Job]] ++ limits
+
+    t = System.monotonic_time()
+    t0 = System.os_time(:nanosecond)
+    {:ok, _} = GenDurable.start_link(worker)
+    wait(fn -> :counters.get(done, 1) >= n end)
+    wait(fn -> remaining(url, first_free) == 0 end)
+    secs = seconds(t)
+    IO.puts(:stderr, "w5: #{n} free jobs in #{Float.round(secs, 2)} s; holding #{hold} s")
+    Process.sleep(round(hold * 1000))
+    t1 = System.os_time(:nanosecond)
+    Supervisor.stop(:bench)
+
+    spans = :ets.tab2list(:bench_spans)
+    last = System.os_time(:nanosecond)
+
+    if path = opts[:record] do
+      File.write!(path, for({_i, kind, s, e} <- spans, do: "#{kind},#{s},#{e || last}\n"))
+    end
+
+    per_s = fn kind ->
+      Enum.count(spans, fn {_i, k, s, _e} -> k == kind and s >= t0 and s <= t1 end) / ((t1 - t0) / 1.0e9)
+    end
+
+    print(%{
+      "system" => "gendurable-ex",
+      "workload" => "w5",
+      "jobs" => n,
+      "seconds" => secs,
+      "jobs_per_s" => n / secs,
+      "backlog" => backlog,
+      "gate_per_s" => per_s.("gate"),
+      "key_per_s" => per_s.("key"),
+      "rate_per_s" => per_s.("rate")
+    })
+  end
 
   def main([workload | rest]) do
     {opts, _, _} = OptionParser.parse(rest, strict: [concurrency: :integer, jobs: :integer, record: :string])
@@ -73,15 +183,16 @@ defmodule Bench do
     Supervisor.stop(:bench)
     if path = opts[:record], do: write_records(path)
 
-    line =
+    print(
       Map.merge(
         %{"system" => "gendurable-ex", "workload" => workload, "jobs" => n, "seconds" => seconds, "jobs_per_s" => n / seconds},
         extra
       )
-
-    # Elixir 1.14 has no JSON module; every value here is a string or a number.
-    IO.puts("{" <> Enum.map_join(line, ", ", fn {k, v} -> ~s("#{k}": #{json(v)}) end) <> "}")
+    )
   end
+
+  # Elixir 1.14 has no JSON module; every value here is a string or a number.
+  defp print(line), do: IO.puts("{" <> Enum.map_join(line, ", ", fn {k, v} -> ~s("#{k}": #{json(v)}) end) <> "}")
 
   defp new("w2", i), do: [state: %{"i" => i}, concurrency_key: "k:#{rem(i, 100)}"]
   defp new("w3", i), do: [state: %{"i" => i}, concurrency_key: "api:1"]
@@ -99,9 +210,13 @@ defmodule Bench do
     end
   end
 
-  # No PostgreSQL client without Hex: psql counts the instances not yet finished.
-  defp remaining(url) do
-    sql = "SELECT count(*) FROM gendurable.instances WHERE status NOT IN ('completed', 'cancelled', 'discarded')"
+  # No PostgreSQL client without Hex: psql counts the instances not yet finished
+  # (W5: of the free rows, the last ids).
+  defp remaining(url, from_id \\ 0) do
+    sql =
+      "SELECT count(*) FROM gendurable.instances WHERE id >= #{from_id}" <>
+        " AND status NOT IN ('completed', 'cancelled', 'discarded')"
+
     {out, 0} = System.cmd("psql", ["-X", "-At", url, "-c", sql])
     String.to_integer(String.trim(out))
   end
