@@ -31,14 +31,30 @@ RUNNERS = BENCH / "runners"
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
 
 CONCURRENCY = 20
-JOBS = {"w1": 20_000, "w2": 10_000, "w3": 2_000, "w4": 500, "raw": 20_000}
+JOBS = {"w1": 20_000, "w2": 10_000, "w3": 2_000, "w4": 500, "w5": 20_000, "raw": 20_000}
+DEFAULT_WORKLOADS = "w1,w2,w3,w4,raw"  # W5 inserts 2.1 million rows per system: only when asked for
 IDEAL = {"w2": 4_000.0, "w3": 500.0}  # 100 keys x 1 / 5 ms; 10 slots / 20 ms
 # The raw loop's best shape here (batch, loops): few loops with large batches
 # meet no SKIP LOCKED contention and spread each commit over many rows.
 CEILING = (1000, 2)
 RAW = ((1, CONCURRENCY), (100, CONCURRENCY), CEILING)
 GATE = 10
+# W5: rows in each blocked backlog (scaled like the job counts), seconds the
+# worker runs on after the free jobs, and the limits of the blocked kinds.
+BACKLOG = 1_000_000
+HOLD = 10
+W5_LIMITS = {"gate": 10, "key": 1, "rate": 50}
+# A rate limit is enforced when a row is claimed and measured at the step's
+# start: the check counts starts in windows of 1 s less this allowance for the
+# time from the claim to the start, and allows limit + burst - 1 of them, with
+# the burst each system is configured with or documents: gendurable's runners
+# configure burst 5 (up to 5 starts back to back, then evenly spaced); DBOS's
+# limiter admits `limit` in any rolling period, all at once when they wait, so
+# its burst is the whole limit.
+RATE_START_LAG_NS = 100_000_000
+RATE_BURST = {"gendurable": 5, "gendurable-py": 5, "gendurable-ex": 5, "dbos": 50}
 RUN_TIMEOUT = 900  # seconds; a run taking longer is recorded as a timeout
+RUN_TIMEOUT_W5 = 3600  # W5 inserts its backlogs first (DBOS enqueues about 700 rows a second)
 
 OURS = ["gendurable", "gendurable-py", "gendurable-ex"]
 PEERS = ["pgqueuer", "procrastinate", "dbos", "graphile-worker", "pg-boss"]
@@ -281,7 +297,9 @@ def runner_command(system: str, work: Work, cli: Path | None) -> list | None:
     }[system]
 
 
-def run_one(pg: Postgres, work: Work, label: str, argv: list, workload: str, jobs: int, record: Path) -> dict:
+def run_one(
+    pg: Postgres, work: Work, label: str, argv: list, workload: str, jobs: int, record: Path, backlog: int = 0
+) -> dict:
     """One system x workload in a database of its own; returns the runner's JSON line."""
     db = "bench_" + "".join(c if c.isalnum() else "_" for c in label.lower())
     pg.sql(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
@@ -297,6 +315,9 @@ def run_one(pg: Postgres, work: Work, label: str, argv: list, workload: str, job
         args += ["--jobs", str(jobs)]
     else:
         args += [workload, "--concurrency", str(CONCURRENCY), "--jobs", str(jobs), "--record", str(record)]
+    if workload == "w5":
+        args += ["--backlog", str(backlog), "--hold", str(HOLD)]
+    timeout = RUN_TIMEOUT_W5 if workload == "w5" else RUN_TIMEOUT
     record.unlink(missing_ok=True)
     log_file = work.path / "logs" / f"{label}.log"
     log_file.parent.mkdir(exist_ok=True)
@@ -307,10 +328,10 @@ def run_one(pg: Postgres, work: Work, label: str, argv: list, workload: str, job
         )
         try:
             while proc.poll() is None:
-                if time.monotonic() - t0 > RUN_TIMEOUT:
+                if time.monotonic() - t0 > timeout:
                     os.killpg(proc.pid, signal.SIGKILL)
                     proc.wait()
-                    return {"status": "timeout", "note": f"killed after {RUN_TIMEOUT} s"}
+                    return {"status": "timeout", "note": f"killed after {timeout} s"}
                 if TTY:
                     print(f"\r    {label:<28} {time.monotonic() - t0:6.1f} s", end="", flush=True)
                 time.sleep(0.5)
@@ -361,25 +382,67 @@ def overlapping_pairs(rows) -> int:
     return pairs
 
 
-def concurrency_profile(rows) -> tuple[int, int]:
-    """W3: the maximum number of jobs running at once, and how many job starts
-    found more than GATE running (a job ending at t frees its slot for one starting at t)."""
+def concurrency_profile(rows, limit: int = GATE) -> tuple[int, int]:
+    """W3 (and W5's gate and key): the maximum number of jobs running at once, and how
+    many job starts found more than `limit` running (a job ending at t frees its slot
+    for one starting at t)."""
     events = sorted([(s, 1) for _, s, _ in rows] + [(e, -1) for _, _, e in rows])
     running = peak = over = 0
     for _, delta in events:
         running += delta
         peak = max(peak, running)
-        over += delta > 0 and running > GATE
+        over += delta > 0 and running > limit
     return peak, over
 
 
+def rate_profile(rows, allowed: int, window_ns: int) -> tuple[int, int]:
+    """W5's rate kind: the most starts in any window of `window_ns`, and how many
+    starts found `allowed` or more others in the window that ends with them."""
+    starts = sorted(s for _, s, _ in rows)
+    peak = over = first = 0
+    for i, s in enumerate(starts):
+        while s - starts[first] >= window_ns:
+            first += 1
+        n = i - first + 1
+        peak = max(peak, n)
+        over += n > allowed
+    return peak, over
+
+
+def check_w5(result: dict, rows) -> None:
+    """W5: the gate at most 10 running at once, the key 1, the rate 50 starts a
+    second (in windows of 1 s less the claim-to-start allowance, plus the burst
+    the system documents); each kind checked only where the system expressed it."""
+    by_kind = defaultdict(list)
+    for row in rows:
+        by_kind[row[0]].append(row)
+    free = len(by_kind["free"])
+    if free != result["jobs"]:
+        result["note"] = f"{free} free records for {result['jobs']} jobs"
+    violations = 0
+    for kind in ("gate", "key"):
+        if result.get(f"{kind}_per_s") is not None:
+            result[f"max_{kind}"], over = concurrency_profile(by_kind[kind], W5_LIMITS[kind])
+            violations += over
+    if result.get("rate_per_s") is not None:
+        allowed = W5_LIMITS["rate"] + RATE_BURST.get(result.get("system", ""), 1) - 1
+        result["rate_allowed"] = allowed
+        result["max_rate_window"], over = rate_profile(by_kind["rate"], allowed, 10**9 - RATE_START_LAG_NS)
+        result["max_rate_1s"], _ = rate_profile(by_kind["rate"], allowed, 10**9)
+        violations += over
+    result["violations"] = violations
+
+
 def check(result: dict, workload: str, record: Path) -> None:
-    if result.get("status") != "ok" or workload not in ("w2", "w3"):
+    if result.get("status") != "ok" or workload not in ("w2", "w3", "w5"):
         return
     if not record.exists():
         result.update(status="failed", note="no records written")
         return
     rows = read_records(record)
+    if workload == "w5":
+        check_w5(result, rows)
+        return
     if len(rows) != result["jobs"]:
         result["note"] = f"{len(rows)} records for {result['jobs']} jobs"
     if workload == "w2":
@@ -406,8 +469,9 @@ def median_run(rs: list[dict]) -> dict:
             r["note"] = f"{len(rs) - len(ok)} of {len(rs)} runs did not finish"
     if "violations" in r:
         r["violations"] = sum(x.get("violations", 0) for x in ok)
-        if "max_concurrency" in r:
-            r["max_concurrency"] = max(x["max_concurrency"] for x in ok)
+        for peak in ("max_concurrency", "max_gate", "max_key", "max_rate_window", "max_rate_1s"):
+            if peak in r:
+                r[peak] = max(x[peak] for x in ok)
     return r
 
 
@@ -461,6 +525,8 @@ def table(results: list[dict]) -> str:
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * 2 + "---:|" * (len(head) - 2)]
     for r in results:
         w = r["workload"]
+        if w == "w5":
+            continue
         cells = [w.upper() if w != "raw" else "raw", r["label"]]
         if r.get("status") != "ok":
             why = r.get("note") or r.get("unsupported")
@@ -494,6 +560,55 @@ def table(results: list[dict]) -> str:
                     + (f" (max {r['max_concurrency']} at once)" if w == "w3" else "")
                 ),
             ]
+        out.append("| " + " | ".join(cells) + " |")
+    w5 = [r for r in results if r["workload"] == "w5"]
+    if len(out) == 2:
+        out = []
+    if w5:
+        out += ["", w5_table(w5, results)] if out else [w5_table(w5, results)]
+    return "\n".join(out)
+
+
+def w5_table(w5: list[dict], results: list[dict]) -> str:
+    """W5: the free jobs' rate beside the same system's W1, and what the blocked
+    kinds ran meanwhile against their limits."""
+    w1 = {r["system"]: r["jobs_per_s"] for r in results if r["workload"] == "w1" and r.get("status") == "ok"}
+    head = [
+        "W5",
+        "backlog",
+        "unrelated jobs/s",
+        "vs own W1",
+        "gate/s (limit 10)",
+        "key/s (limit 1)",
+        "rate/s (limit 50)",
+        "violations",
+    ]
+    out = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+    for r in w5:
+        cells = [r["label"]]
+        if r.get("status") != "ok":
+            why = r.get("note") or r.get("unsupported")
+            cells += [r["status"] + (f" ({why})" if why else "")] + [""] * 6
+            out.append("| " + " | ".join(cells) + " |")
+            continue
+        rate = r["jobs_per_s"]
+        peaks = []
+        for kind, unit in (("gate", "at once"), ("key", "at once"), ("rate_window", "starts in 0.9 s")):
+            if f"max_{kind}" in r:
+                peaks.append(f"{kind.split('_')[0]} {r[f'max_{kind}']} {unit}")
+        if "rate_allowed" in r:
+            peaks[-1] += f" of {r['rate_allowed']} allowed"
+        kinds = [
+            "n/a" if r.get(f"{k}_per_s") is None else fmt(r[f"{k}_per_s"], 2 if k == "key" else 1)
+            for k in ("gate", "key", "rate")
+        ]
+        cells += [
+            fmt(r.get("backlog")),
+            fmt(rate) + spread(r),
+            fmt(rate / w1[r["system"]], 2) if w1.get(r["system"]) else "",
+            *kinds,
+            str(r.get("violations", "?")) + (f" (max {', '.join(peaks)})" if peaks else ""),
+        ]
         out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out)
 
@@ -547,7 +662,11 @@ def main() -> int:
     p.add_argument(
         "--systems", default=",".join(OURS + PEERS), help="comma list of: " + ", ".join(OURS + PEERS)
     )
-    p.add_argument("--workloads", default="w1,w2,w3,w4,raw", help="comma list of w1,w2,w3,w4,raw")
+    p.add_argument(
+        "--workloads",
+        default=DEFAULT_WORKLOADS,
+        help=f"comma list of w1,w2,w3,w4,w5,raw (default {DEFAULT_WORKLOADS}; w5 only when named)",
+    )
     p.add_argument(
         "--scale", type=float, default=1.0, help="fraction of the job counts (e.g. 0.1 for a quick run)"
     )
@@ -599,8 +718,10 @@ def main() -> int:
         for rnd in range(1, args.repeat + 1):
             for i, (label, system, w, argv) in enumerate(plan):
                 jobs = max(1, round(JOBS[w] * args.scale))
+                backlog = max(1, round(BACKLOG * args.scale))
                 step = f"{i + 1}/{len(plan)}" + (f", round {rnd}/{args.repeat}" if args.repeat > 1 else "")
-                log(f"[{step}] {w} {label}: {jobs} jobs (total {time.monotonic() - started:.0f} s)")
+                what = f"{jobs} jobs" + (f" behind backlogs of {backlog}" if w == "w5" else "")
+                log(f"[{step}] {w} {label}: {what} (total {time.monotonic() - started:.0f} s)")
                 record = work.path / "records" / f"{system}-{w}.csv"
                 record.parent.mkdir(exist_ok=True)
                 if argv is None:
@@ -614,6 +735,7 @@ def main() -> int:
                         w,
                         jobs,
                         record,
+                        backlog,
                     )
                     check(r, w, record)
                 r.update(label=label, system=system, workload=w)
@@ -622,6 +744,9 @@ def main() -> int:
                 summary = f"{r['jobs_per_s']:.0f} jobs/s" if r.get("jobs_per_s") and w != "w4" else ""
                 if w == "w4" and r.get("p50_ms") is not None:
                     summary = f"p50 {r['p50_ms']:.1f} ms, p99 {r['p99_ms']:.1f} ms"
+                if w == "w5" and r.get("status") == "ok":
+                    ran = {k: r.get(f"{k}_per_s") for k in W5_LIMITS}
+                    summary += "; " + ", ".join(f"{k} {v:.1f}/s" for k, v in ran.items() if v is not None)
                 if "violations" in r:
                     summary += f", violations {r['violations']}"
                 log(f"    {r['status']} {summary} {r.get('unsupported', '') or r.get('note', '')}".rstrip())
