@@ -208,6 +208,14 @@ impl EngineConfig {
         (names, limits)
     }
 
+    /// The configured gates' shard counts, in `gate_arrays`' order.
+    pub(crate) fn gate_shard_array(&self) -> Vec<i32> {
+        self.gates
+            .values()
+            .map(|g| g.effective_shards() as i32)
+            .collect()
+    }
+
     /// The configured rate limits as the SQL functions take them: names,
     /// GCRA intervals and tolerances in seconds.
     pub(crate) fn rate_arrays(&self) -> (Vec<String>, Vec<f64>, Vec<f64>) {

@@ -110,7 +110,8 @@ impl Sql {
             park_orphans: q("SELECT __S__.park_orphans($1, $2, $3)"),
             // $1 queues, $2 workflows (a node's), $3 rows per pair, $4 channel.
             unpark_workflows: q("SELECT __S__.unpark_workflows($1, $2, $3, $4)"),
-            reconcile: q("SELECT changed, last_key FROM __S__.reconcile_gates($1, $2)"),
+            // $1 after, $2 keys, $3/$4/$5 gate names, limits and shards, $6 channel.
+            reconcile: q("SELECT changed, last_key FROM __S__.reconcile_gates($1, $2, $3, $4, $5, $6)"),
             prune_rates: q("DELETE FROM __S__.rate_state WHERE key IN (
                                 SELECT key FROM __S__.rate_state WHERE tat < now() - interval '1 minute'
                                 LIMIT 10000 FOR UPDATE SKIP LOCKED)"),

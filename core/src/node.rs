@@ -123,16 +123,17 @@ impl Node {
         // Rows still held under this node's id belong to a process that
         // ended (this one has claimed nothing yet): a crash is an attempt.
         reap(&inner, Some(&cfg.node_id)).await?;
+        // Counters minted under limits configured differently take this
+        // node's before it claims anything.
+        if let Err(e) = reconcile_gates(&inner).await {
+            tracing::warn!(error = %e, "reconciling gate counters at start failed; the next pass retries");
+        }
         let (tx, rx) = mpsc::unbounded_channel();
         let pick = PickParams {
             workflows: inner.workflows.keys().cloned().collect(),
             gate_names: cfg.gates.keys().cloned().collect(),
             gate_limits: cfg.gates.values().map(|g| g.limit as i32).collect(),
-            gate_shards: cfg
-                .gates
-                .values()
-                .map(|g| g.effective_shards() as i32)
-                .collect(),
+            gate_shards: cfg.gate_shard_array(),
             rate_names: cfg.rates.keys().cloned().collect(),
             rate_intervals: cfg.rates.values().map(|r| r.interval_secs()).collect(),
             rate_tolerances: cfg.rates.values().map(|r| r.tolerance_secs()).collect(),
@@ -1631,9 +1632,14 @@ async fn park_by_workflow(sh: &Shared) -> Result<(u64, u64)> {
 /// Returns how many counters it changed and where the next pass goes on
 /// (None: the sweep reached the end).
 async fn reconcile_gates_from(inner: &Inner, after: Option<&str>) -> Result<(u64, Option<String>)> {
+    let (names, limits) = inner.cfg.gate_arrays();
     let row = sqlx::query(&inner.sql.reconcile)
         .bind(after)
         .bind(RECONCILE_BATCH)
+        .bind(names)
+        .bind(limits)
+        .bind(inner.cfg.gate_shard_array())
+        .bind(&inner.sql.channel)
         .fetch_one(&inner.pool)
         .await?;
     let changed = row.try_get::<i32, _>(0)? as u64;
