@@ -227,6 +227,8 @@ DECLARE
     -- Rows to park for their key and for their rate limit.
     p_key bigint[];
     p_rate bigint[];
+    -- Keys whose rows waited behind their own parked rows.
+    p_behind text[];
 BEGIN
     -- (1) The window: the queue's next rows, locked. Parked rows are not in
     -- the index it walks.
@@ -258,7 +260,17 @@ BEGIN
                (w.ckey IS NOT NULL AND w.gi IS NULL
                 AND EXISTS (SELECT 1 FROM instances e
                             WHERE e.status = 'executing' AND e.gate_shard IS NULL
-                              AND e.concurrency_key = w.ckey)) AS k1busy
+                              AND e.concurrency_key = w.ckey)) AS k1busy,
+               -- A row of its key in this queue waits parked ahead of it (a
+               -- row switched into the key, a rescued or signalled one, one
+               -- that arrived before a row that sorts first): it waits its
+               -- turn (parked below; the key's head is unparked instead).
+               (w.ckey IS NOT NULL
+                AND EXISTS (SELECT 1 FROM instances p
+                            WHERE p.concurrency_key = w.ckey AND p.status = 'available'
+                              AND p.parked = 'key' AND p.queue = $1
+                              AND (p.priority, p.scheduled_at, p.id) < (w.priority, w.scheduled_at, w.id)))
+                   AS behind
         FROM win w
     ), gkeys AS MATERIALIZED (
         SELECT DISTINCT ckey, gi FROM ranked WHERE gi IS NOT NULL
@@ -305,8 +317,8 @@ BEGIN
         SELECT r.*, row_number() OVER (PARTITION BY r.rkey ORDER BY r.priority, r.scheduled_at, r.id) AS rrank
         FROM ranked r LEFT JOIN gcap g ON g.ckey = r.ckey
         WHERE r.ckey IS NULL
-           OR (r.gi IS NULL AND r.krank = 1 AND NOT r.k1busy)
-           OR (r.gi IS NOT NULL AND r.krank <= g.cap)
+           OR (r.gi IS NULL AND r.krank = 1 AND NOT r.k1busy AND NOT r.behind)
+           OR (r.gi IS NOT NULL AND r.krank <= g.cap AND NOT r.behind)
     ), chosen AS MATERIALIZED (
         SELECT c.id, c.priority, c.scheduled_at, c.ckey, c.gi, c.rkey, c.ri, c.attempt, a.fresh AS rfresh
         FROM cand c LEFT JOIN rallow a ON a.rkey = c.rkey
@@ -391,8 +403,9 @@ BEGIN
     -- They stay out of the pick's index until unparked (see unpark_keys).
     IF limited THEN
         WITH b AS (
-            SELECT x.id, x.concurrency_key, x.rate_key,
-                   CASE WHEN x.concurrency_key IS NOT NULL
+            SELECT x.id, x.concurrency_key, x.rate_key, x.behind,
+                   CASE WHEN x.behind THEN 'key'
+                        WHEN x.concurrency_key IS NOT NULL
                              AND CASE WHEN array_position($6::text[], split_part(x.concurrency_key, ':', 1)) IS NULL
                                       THEN EXISTS (SELECT 1 FROM instances e
                                                    WHERE e.status = 'executing' AND e.gate_shard IS NULL
@@ -408,12 +421,22 @@ BEGIN
                                                $11[array_position($9::text[], split_part(x.rate_key, ':', 1))]))
                         THEN 'rate'
                    END AS why
-            -- One primary-key probe per window row, whatever the generic
-            -- plan would guess about the partial indexes (OFFSET 0 keeps the
-            -- probe from being flattened into a scan of instances_pick).
-            FROM unnest(w_id) AS u(id)
-            CROSS JOIN LATERAL (SELECT * FROM instances y WHERE y.id = u.id OFFSET 0) x
-            WHERE x.status = 'available' AND x.node IS NULL AND x.parked IS NULL
+            FROM (
+                -- One primary-key probe per window row, whatever the generic
+                -- plan would guess about the partial indexes (OFFSET 0 keeps
+                -- the probe from being flattened into a scan of instances_pick).
+                SELECT y.*,
+                       -- As in the admission above: a row of the key waits
+                       -- parked ahead of this one.
+                       y.concurrency_key IS NOT NULL
+                       AND EXISTS (SELECT 1 FROM instances p
+                                   WHERE p.concurrency_key = y.concurrency_key AND p.status = 'available'
+                                     AND p.parked = 'key' AND p.queue = $1
+                                     AND (p.priority, p.scheduled_at, p.id)
+                                         < (y.priority, y.scheduled_at, y.id)) AS behind
+                FROM unnest(w_id) AS u(id)
+                CROSS JOIN LATERAL (SELECT * FROM instances i WHERE i.id = u.id OFFSET 0) y
+                WHERE y.status = 'available' AND y.node IS NULL AND y.parked IS NULL) x
         ), more AS (
             SELECT m.id, 'key' AS why
             FROM (SELECT DISTINCT concurrency_key AS key FROM b WHERE why = 'key') k
@@ -438,13 +461,19 @@ BEGIN
             ORDER BY id, why
         )
         SELECT coalesce(array_agg(t.id) FILTER (WHERE t.why = 'key'), '{}'),
-               coalesce(array_agg(t.id) FILTER (WHERE t.why = 'rate'), '{}')
-        INTO p_key, p_rate
+               coalesce(array_agg(t.id) FILTER (WHERE t.why = 'rate'), '{}'),
+               (SELECT array_agg(DISTINCT b.concurrency_key) FROM b WHERE b.behind)
+        INTO p_key, p_rate, p_behind
         FROM todo t;
         -- By primary key (`= ANY`): joined to a set, a generic plan may hash
         -- the whole table.
         UPDATE instances i SET parked = 'key' WHERE i.id = ANY (p_key);
         UPDATE instances i SET parked = 'rate' WHERE i.id = ANY (p_rate);
+        -- A key whose rows waited behind its parked ones has them all parked
+        -- now: its head comes back, in key order, into the room it has.
+        IF p_behind IS NOT NULL THEN
+            PERFORM unpark_keys(p_behind, $6, $7, NULL);
+        END IF;
     END IF;
 END
 $$;

@@ -846,7 +846,6 @@ async fn a_key_switch_keeps_both_keys_parked_rows_in_order() {
 /// so no pick meets the switched row; then the key's holder dies and is
 /// reaped. The rows that waited parked sort before the switched row
 /// (scheduled at insert, it at its switch) and must start before it.
-#[ignore = "engine: once the reaper frees the key, its unparked rows (the switched-in row and the rescued one) fill its room in key_room, so unpark_keys and the sweep leave the earlier rows parked and the pick runs the switched-in row first"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_row_switched_into_a_key_waits_behind_its_parked_rows_when_the_holder_dies() {
     let url = support::url();
