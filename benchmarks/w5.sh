@@ -9,6 +9,14 @@
 #   benchmarks/w5.sh [rounds] [backlog] [jobs]        # default 3 1000000 20000
 #
 # On DATABASE_URL, or a throwaway PostgreSQL per run when it is unset.
+#
+# This is gendurable's own loop (no peers, no record checks, the CLI's own
+# hold of 20 s, backlog and jobs set apart). The harness runs the same
+# `gendurable workload w5` beside the peers' W5 runners, in a fresh database
+# per run, and checks the gate, key and rate limits from the records:
+#
+#   benchmarks/run --systems gendurable --workloads w1,w5 --repeat 3   # as here, checked
+#   benchmarks/run --workloads w1,w5 --scale 0.05                      # every system, quick
 set -euo pipefail
 rounds=${1:-3} backlog=${2:-1000000} jobs=${3:-20000}
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
