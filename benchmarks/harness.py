@@ -570,8 +570,8 @@ def table(results: list[dict]) -> str:
 
 
 def w5_table(w5: list[dict], results: list[dict]) -> str:
-    """W5: the free jobs' rate beside the same system's W1, and what the blocked
-    kinds ran meanwhile against their limits."""
+    """W5: the free jobs' rate beside the same system's W1, what the blocked kinds
+    ran meanwhile against their limits, and (gendurable) its claiming calls' p99."""
     w1 = {r["system"]: r["jobs_per_s"] for r in results if r["workload"] == "w1" and r.get("status") == "ok"}
     head = [
         "W5",
@@ -581,6 +581,7 @@ def w5_table(w5: list[dict], results: list[dict]) -> str:
         "gate/s (limit 10)",
         "key/s (limit 1)",
         "rate/s (limit 50)",
+        "claiming p99 ms",
         "violations",
     ]
     out = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
@@ -588,7 +589,7 @@ def w5_table(w5: list[dict], results: list[dict]) -> str:
         cells = [r["label"]]
         if r.get("status") != "ok":
             why = r.get("note") or r.get("unsupported")
-            cells += [r["status"] + (f" ({why})" if why else "")] + [""] * 6
+            cells += [r["status"] + (f" ({why})" if why else "")] + [""] * 7
             out.append("| " + " | ".join(cells) + " |")
             continue
         rate = r["jobs_per_s"]
@@ -607,6 +608,7 @@ def w5_table(w5: list[dict], results: list[dict]) -> str:
             fmt(rate) + spread(r),
             fmt(rate / w1[r["system"]], 2) if w1.get(r["system"]) else "",
             *kinds,
+            fmt(r.get("pick_p99_ms"), 1),
             str(r.get("violations", "?")) + (f" (max {', '.join(peaks)})" if peaks else ""),
         ]
         out.append("| " + " | ".join(cells) + " |")
