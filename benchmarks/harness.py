@@ -670,7 +670,10 @@ def main() -> int:
         help=f"comma list of w1,w2,w3,w4,w5,raw (default {DEFAULT_WORKLOADS}; w5 only when named)",
     )
     p.add_argument(
-        "--scale", type=float, default=1.0, help="fraction of the job counts (e.g. 0.1 for a quick run)"
+        "--scale",
+        type=float,
+        default=1.0,
+        help="fraction of the job counts and of W5's backlogs (e.g. 0.1 for a quick run)",
     )
     p.add_argument(
         "--repeat",
