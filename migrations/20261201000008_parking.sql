@@ -265,13 +265,17 @@ BEGIN
                -- row switched into the key, a rescued or signalled one, one
                -- that arrived before a row that sorts first): it waits its
                -- turn (parked below; the key's head is unparked instead).
-               (w.ckey IS NOT NULL
-                AND EXISTS (SELECT 1 FROM instances p
-                            WHERE p.concurrency_key = w.ckey AND p.status = 'available'
-                              AND p.parked = 'key' AND p.queue = $1
-                              AND (p.priority, p.scheduled_at, p.id) < (w.priority, w.scheduled_at, w.id)))
+               coalesce((f.priority, f.scheduled_at, f.id) < (w.priority, w.scheduled_at, w.id), false)
                    AS behind
         FROM win w
+        -- The key's first parked row in this queue, read in the parking
+        -- index's order (a bare EXISTS let a generic plan scan the table).
+        LEFT JOIN LATERAL (
+            SELECT p.priority, p.scheduled_at, p.id FROM instances p
+            WHERE p.concurrency_key = w.ckey AND p.status = 'available' AND p.parked = 'key'
+              AND p.queue = $1
+            ORDER BY p.priority, p.scheduled_at, p.id
+            LIMIT 1) f ON w.ckey IS NOT NULL
     ), gkeys AS MATERIALIZED (
         SELECT DISTINCT ckey, gi FROM ranked WHERE gi IS NOT NULL
     ), shards AS MATERIALIZED (
@@ -428,14 +432,16 @@ BEGIN
                 SELECT y.*,
                        -- As in the admission above: a row of the key waits
                        -- parked ahead of this one.
-                       y.concurrency_key IS NOT NULL
-                       AND EXISTS (SELECT 1 FROM instances p
-                                   WHERE p.concurrency_key = y.concurrency_key AND p.status = 'available'
-                                     AND p.parked = 'key' AND p.queue = $1
-                                     AND (p.priority, p.scheduled_at, p.id)
-                                         < (y.priority, y.scheduled_at, y.id)) AS behind
+                       coalesce((f.priority, f.scheduled_at, f.id) < (y.priority, y.scheduled_at, y.id), false)
+                           AS behind
                 FROM unnest(w_id) AS u(id)
                 CROSS JOIN LATERAL (SELECT * FROM instances i WHERE i.id = u.id OFFSET 0) y
+                LEFT JOIN LATERAL (
+                    SELECT p.priority, p.scheduled_at, p.id FROM instances p
+                    WHERE p.concurrency_key = y.concurrency_key AND p.status = 'available'
+                      AND p.parked = 'key' AND p.queue = $1
+                    ORDER BY p.priority, p.scheduled_at, p.id
+                    LIMIT 1) f ON y.concurrency_key IS NOT NULL
                 WHERE y.status = 'available' AND y.node IS NULL AND y.parked IS NULL) x
         ), more AS (
             SELECT m.id, 'key' AS why
