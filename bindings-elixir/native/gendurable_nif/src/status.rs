@@ -4,7 +4,7 @@
 //! created.
 
 use crate::{atoms, core_error, error_term, reply, spawn_reply, Reply};
-use gendurable::{ClusterStatus, Engine, GateConfig, NoNode};
+use gendurable::{ClusterStatus, Engine, GateConfig, NoNode, Parked};
 use rustler::{Encoder, Env, Term};
 use std::fmt::Write;
 use std::time::Duration;
@@ -175,12 +175,37 @@ fn write_status(o: &mut String, st: &ClusterStatus) -> std::fmt::Result {
     for k in &st.executing_keys {
         writeln!(o, "  {k}")?;
     }
+    parked(o, st)?;
     writeln!(o, "\nrate limits (key / next start no sooner than)")?;
     if st.rates.is_empty() {
         writeln!(o, "  none")?;
     }
     for r in &st.rates {
         writeln!(o, "  {:<30} {}", r.key, r.tat)?;
+    }
+    Ok(())
+}
+
+/// Keys with parked rows, as the CLI prints them.
+fn parked(o: &mut String, st: &ClusterStatus) -> std::fmt::Result {
+    writeln!(
+        o,
+        "\nparked rows (key / waiting for / parked / unparked heads; {} keys shown, most parked first)",
+        st.parked.len()
+    )?;
+    if st.parked.is_empty() {
+        writeln!(o, "  none")?;
+    }
+    for p in &st.parked {
+        let what = match p.waits_for {
+            Parked::Key => "room",
+            _ => "rate",
+        };
+        writeln!(
+            o,
+            "  {:<30} {:<5} {:>10} {:>6}",
+            p.key, what, p.rows, p.heads
+        )?;
     }
     Ok(())
 }
