@@ -28,12 +28,12 @@ pub(crate) struct Sql {
     pub prune_rates: String,
     pub forget_dead_nodes: String,
     pub held_by_node: String,
-    pub next_rate_start: String,
     pub next_ids: String,
     pub copy_in: String,
     pub key_room: String,
     pub rate_room: String,
     pub unpark_sweep: String,
+    pub rate_sweep: String,
 }
 
 impl Sql {
@@ -51,13 +51,6 @@ impl Sql {
                                     gate_shard, rate_key, wake, token, false
                              FROM __S__.instances
                              WHERE node = $1 AND status = 'available' AND node IS NOT NULL"),
-            // Seconds until the first configured rate limit ($1 names, $2
-            // tolerances) that is exhausted now allows a start again.
-            next_rate_start: q("SELECT extract(epoch FROM min(rs.tat - make_interval(secs => t.tol)) - now())::float8
-                                FROM __S__.rate_state rs
-                                JOIN unnest($1::text[], $2::float8[]) AS t(name, tol)
-                                  ON t.name = split_part(rs.key, ':', 1)
-                                WHERE rs.tat - make_interval(secs => t.tol) > now()"),
             channel: format!("{schema}_wake"),
             // Ids for a COPY, in order (see crate::insert::copy).
             // Materialised: inlined, the sequence's name is looked up per row.
@@ -74,6 +67,7 @@ impl Sql {
             // $1 rate keys, $2 most rows to count, $3/$4/$5 rate limits.
             rate_room: q("SELECT key, room FROM __S__.rate_room($1, $2, $3, $4, $5)"),
             unpark_sweep: q("SELECT unparked, last_key FROM __S__.unpark_sweep($1, $2, $3, $4, $5, $6, $7, $8, $9)"),
+            rate_sweep: q("SELECT unparked, last_key, next_in FROM __S__.rate_sweep($1, $2, $3, $4, $5, $6)"),
             insert: q(include_str!("sql/insert.sql")),
             // Outcomes, handovers and claims (see the migration defining it).
             handoff: q("SELECT (claimed).*, reserved, written, released, handed_over, released_keys, promoted

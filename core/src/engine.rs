@@ -83,7 +83,10 @@ impl EngineBuilder {
         self
     }
 
-    /// Use an existing pool.
+    /// Use an existing pool. Its connections keep their settings: the
+    /// engine's own pool turns JIT off (`options([("jit", "off")])` on the
+    /// connect options), which spares large tables 30-40 ms of compiling
+    /// before statements that take a millisecond.
     pub fn pool(mut self, pool: PgPool) -> Self {
         self.connect = Some(Connect::Pool(pool));
         self
@@ -298,8 +301,7 @@ impl EngineBuilder {
                             Ok(true)
                         })
                     })
-                    .connect_lazy(&url)
-                    .map_err(|e| Error::config(format!("database url: {e}")))?
+                    .connect_lazy_with(connect_options(&url)?)
             }
             None => unreachable!("validated"),
         };
@@ -547,4 +549,17 @@ pub(crate) fn instance_from_row(r: &PgRow) -> Result<Instance> {
         attempted_at: r.try_get("attempted_at")?,
         finished_at: r.try_get("finished_at")?,
     })
+}
+
+/// The options of the engine's own connections. JIT is off: the engine's
+/// statements touch a handful of rows through indexes, but on a large table
+/// their estimates pass `jit_above_cost` and PostgreSQL compiled for 30-40 ms
+/// before a 1 ms statement (the reaper's at start behind two million rows).
+/// The engine's functions also say `SET jit = off`; this covers the plain
+/// statements. A pool handed in with [`EngineBuilder::pool`] keeps its own.
+fn connect_options(url: &str) -> Result<sqlx::postgres::PgConnectOptions> {
+    let opts: sqlx::postgres::PgConnectOptions = url
+        .parse()
+        .map_err(|e| Error::config(format!("database url: {e}")))?;
+    Ok(opts.options([("jit", "off")]))
 }

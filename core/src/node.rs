@@ -75,9 +75,8 @@ pub(crate) struct Shared {
     successors: StdMutex<Successors>,
     /// Wakes the writer when reserved rows are to be given back.
     writer_wake: Notify,
-    /// Told of every pick that came back short, in any queue, and of every
-    /// claim of a rate-limited row (see `rate_waker`).
-    short_pick: Arc<Notify>,
+    /// Told of every claim of a rate-limited row (see `rate_waker`).
+    rate_claimed: Notify,
     /// How long a handoff call takes, smoothed.
     call_time: Smoothed,
     pick: PickParams,
@@ -138,20 +137,13 @@ impl Node {
             rate_intervals: cfg.rates.values().map(|r| r.interval_secs()).collect(),
             rate_tolerances: cfg.rates.values().map(|r| r.tolerance_secs()).collect(),
         };
-        let short_pick = Arc::new(Notify::new());
         let shared = Arc::new(Shared {
-            short_pick: short_pick.clone(),
+            rate_claimed: Notify::new(),
             shutdown: CancellationToken::new(),
             wakes: cfg
                 .queues
                 .keys()
-                .map(|q| {
-                    let wake = QueueWake {
-                        short_pick: short_pick.clone(),
-                        ..QueueWake::default()
-                    };
-                    (q.clone(), Arc::new(wake))
-                })
+                .map(|q| (q.clone(), Arc::new(QueueWake::default())))
                 .collect(),
             slots: cfg
                 .queues
@@ -323,8 +315,6 @@ struct QueueWake {
     dry_at: AtomicU64,
     /// Whether the last pick came back short.
     short: AtomicBool,
-    /// The node's `short_pick`.
-    short_pick: Arc<Notify>,
 }
 
 impl QueueWake {
@@ -342,9 +332,6 @@ impl QueueWake {
         let dry = if got < wanted { before + 1 } else { 0 };
         self.dry_at.store(dry, SeqCst);
         self.short.store(got < wanted, SeqCst);
-        if got < wanted {
-            self.short_pick.notify_one();
-        }
     }
 
     fn is_short(&self) -> bool {
@@ -436,41 +423,66 @@ fn start_claimed(sh: &Arc<Shared>, rows: Vec<Claimed>, mut permits: OwnedSemapho
 /// With rate limits configured: puts rows parked for a rate limit back
 /// where a pick sees them as soon as their limit allows a start, and wakes
 /// the queues, so a rate-limited backlog drains at its limit, not at one
-/// start per poll. Between starts it sleeps until the next one is allowed;
-/// with no limit exhausted, until a pick comes back short or claims a
-/// rate-limited row (either may mean a limit is exhausted now), or the poll
-/// interval.
+/// start per poll. It sleeps until a limit allows a start beyond the rows
+/// already waiting unparked: one sweep per start. With nothing to time, until
+/// this node claims a rate-limited row (its limit may be exhausted now, and
+/// the pick parks rows for it), or the poll interval: a limit exhausted by
+/// another node's claims is that node's waker's to watch, and the poll covers
+/// a node that died meanwhile. (Waking on every short pick as well kept an
+/// idle node looping: 200-300 sweeps a second, each waking the pickers.)
 async fn rate_waker(sh: Arc<Shared>) {
     loop {
-        match unpark(&sh, None, false).await {
-            Ok((n, _)) if n > 0 => sh.wake_all(),
-            Ok(_) => {}
-            Err(e) => tracing::debug!(error = %e, "unparking rate-limited rows failed"),
-        }
-        let wait = next_rate_start(&sh).await;
+        let wait = match rate_sweep(&sh).await {
+            Ok((n, next)) => {
+                if n > 0 {
+                    sh.wake_all();
+                }
+                next
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "unparking rate-limited rows failed");
+                None
+            }
+        };
         tokio::select! {
             _ = tokio::time::sleep(wait.unwrap_or(sh.inner.cfg.poll_interval)) => {}
-            _ = sh.short_pick.notified(), if wait.is_none() => {}
+            _ = sh.rate_claimed.notified(), if wait.is_none() => {}
             _ = sh.shutdown.cancelled() => return,
         }
     }
 }
 
-/// How long until a configured rate limit that is exhausted now allows a
-/// start again.
-async fn next_rate_start(sh: &Shared) -> Option<Duration> {
-    let p = &sh.pick;
-    if p.rate_names.is_empty() {
-        return None;
+/// Every rate-limit key's parked rows, as far as its limit allows starts now
+/// (see `rate_sweep` in the parking migration), `UNPARK_BATCH` keys a call.
+/// Returns the rows unparked and how long until a limit allows a start
+/// beyond the rows now waiting (None: not before a claim).
+async fn rate_sweep(sh: &Shared) -> Result<(u64, Option<Duration>)> {
+    let (inner, p) = (&sh.inner, &sh.pick);
+    let (mut unparked, mut next, mut after) = (0, None::<f64>, None::<String>);
+    loop {
+        let row = sqlx::query(&inner.sql.rate_sweep)
+            .bind(&after)
+            .bind(UNPARK_BATCH)
+            .bind(&inner.sql.channel)
+            .bind(&p.rate_names)
+            .bind(&p.rate_intervals)
+            .bind(&p.rate_tolerances)
+            .fetch_one(&inner.pool)
+            .await?;
+        unparked += row.try_get::<i32, _>(0)? as u64;
+        if let Some(s) = row.try_get::<Option<f64>, _>(2)? {
+            next = Some(next.map_or(s, |n| n.min(s)));
+        }
+        after = row.try_get(1)?;
+        if after.is_none() || sh.shutdown.is_cancelled() {
+            break;
+        }
     }
-    let secs: Option<f64> = sqlx::query_scalar(&sh.inner.sql.next_rate_start)
-        .bind(&p.rate_names)
-        .bind(&p.rate_tolerances)
-        .fetch_one(&sh.inner.pool)
-        .await
-        .ok()
-        .flatten();
-    secs.map(|s| Duration::from_secs_f64(s.clamp(0.001, 3600.0)))
+    Stats::add(&inner.stats.unparked, unparked);
+    Ok((
+        unparked,
+        next.map(|s| Duration::from_secs_f64(s.clamp(0.001, 3600.0))),
+    ))
 }
 
 /// One pick on the pool; a lost K = 1 race (the unique index refusing a
@@ -608,7 +620,7 @@ async fn handoff(
     if h.claimed.iter().any(|r| r.rate_key.is_some()) {
         // A rate limit may be exhausted now: the rate waker looks when it
         // allows the next start.
-        sh.short_pick.notify_one();
+        sh.rate_claimed.notify_one();
     }
     Stats::add(&inner.stats.claimed, h.claimed.len() as u64);
     Stats::add(&inner.stats.handed_over, h.handed_over as u64);

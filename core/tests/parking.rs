@@ -251,6 +251,87 @@ async fn rate_parked_rows_come_back_at_their_rate() {
     node.shutdown().await.unwrap();
 }
 
+/// Two nodes share a rate limit: whichever node's claims exhaust it watches
+/// it, so the backlog drains without polling on either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_limit_shared_by_two_nodes_drains_without_polling() {
+    let schema = support::schema("park_rate_two");
+    let node = || {
+        support::builder(&support::url(), &schema)
+            .poll_interval(Duration::from_secs(3600))
+            .queue("default", 4)
+            .rate_limit("rl", RateConfig::new(50, Duration::from_secs(1)).burst(2))
+            .workflow_fn("Job", |_step, state, _ctx| async move {
+                Ok(Transition::done(state))
+            })
+            .start()
+    };
+    let (a, b) = (node().await.unwrap(), node().await.unwrap());
+    let ids = a
+        .insert_many(
+            (0..60)
+                .map(|_| NewInstance::new("Job", json!({})).rate_limit("rl:1"))
+                .collect(),
+        )
+        .await
+        .unwrap();
+    support::wait_count(a.pool(), &schema, "completed", ids.len() as i64).await;
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+}
+
+/// The rate sweep's timer: with a row waiting unparked for each start the
+/// limit allows, nothing is due before a claim; after a claim, the next
+/// start is due one interval on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rate_sweep_says_when_the_next_start_is_due() {
+    let schema = support::schema("park_rate_timer");
+    let c = client(&schema).await;
+    c.insert_many(
+        (0..3)
+            .map(|_| NewInstance::new("Job", json!({})).rate_limit("rl:1"))
+            .collect(),
+    )
+    .await
+    .unwrap();
+    let sweep = |pool: sqlx::PgPool| {
+        let schema = schema.clone();
+        async move {
+            sqlx::query_as::<_, (i32, Option<f64>)>(&format!(
+                "SELECT unparked, next_in FROM \"{schema}\".rate_sweep(NULL, 100, NULL, '{{rl}}', '{{60}}', '{{0}}')"
+            ))
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+        }
+    };
+    sqlx::query(&format!(
+        "UPDATE \"{schema}\".instances SET parked = 'rate' WHERE rate_key = 'rl:1'"
+    ))
+    .execute(c.pool())
+    .await
+    .unwrap();
+    // One a minute, burst 1: one row comes back; with it waiting, no timer.
+    assert_eq!(sweep(c.pool().clone()).await, (1, None));
+    // A start taken now: the next is due a minute on.
+    sqlx::query(&format!(
+        "INSERT INTO \"{schema}\".rate_state (key, tat) VALUES ('rl:1', now() + interval '60 seconds')"
+    ))
+    .execute(c.pool())
+    .await
+    .unwrap();
+    sqlx::query(&format!(
+        "UPDATE \"{schema}\".instances SET parked = 'rate' WHERE rate_key = 'rl:1'"
+    ))
+    .execute(c.pool())
+    .await
+    .unwrap();
+    let (n, next) = sweep(c.pool().clone()).await;
+    assert_eq!(n, 0);
+    let next = next.expect("a start is due");
+    assert!(next > 0.0 && next <= 60.0, "next start in {next} s");
+}
+
 /// Rows parked because no live node runs their workflow.
 async fn parked_for_workflow(pool: &PgPool, schema: &str) -> i64 {
     sqlx::query_scalar(&format!(
