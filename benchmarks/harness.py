@@ -44,6 +44,10 @@ GATE = 10
 BACKLOG = 1_000_000
 HOLD = 10
 W5_LIMITS = {"gate": 10, "key": 1, "rate": 50}
+# W5's workers get the slots the gate's and the key's admitted steps can hold
+# (1 s each) on top of W1's: the free jobs then have as many free slots as in
+# W1, and W5 measures what the backlogs cost them (see cli/src/w5.rs).
+W5_HELD = W5_LIMITS["gate"] + W5_LIMITS["key"]
 # A rate limit is enforced when a row is claimed and measured at the step's
 # start: the check counts starts in windows of 1 s less this allowance for the
 # time from the claim to the start, and allows limit + burst - 1 of them, with
@@ -314,7 +318,8 @@ def run_one(
     if workload == "raw":
         args += ["--jobs", str(jobs)]
     else:
-        args += [workload, "--concurrency", str(CONCURRENCY), "--jobs", str(jobs), "--record", str(record)]
+        slots = CONCURRENCY + (W5_HELD if workload == "w5" else 0)
+        args += [workload, "--concurrency", str(slots), "--jobs", str(jobs), "--record", str(record)]
     if workload == "w5":
         args += ["--backlog", str(backlog), "--hold", str(HOLD)]
     timeout = RUN_TIMEOUT_W5 if workload == "w5" else RUN_TIMEOUT

@@ -6,7 +6,7 @@
 # limit of 50/s, then `jobs` unrelated no-op jobs at the same priority, and
 # times those. Prints each run's JSON line, then the medians and W5 / W1.
 #
-#   benchmarks/w5.sh [rounds] [backlog] [jobs]        # default 3 1000000 20000
+#   benchmarks/w5.sh [rounds] [backlog] [jobs] [nodes]   # default 3 1000000 20000 1
 #
 # On DATABASE_URL, or a throwaway PostgreSQL per run when it is unset.
 #
@@ -18,7 +18,7 @@
 #   benchmarks/run --systems gendurable --workloads w1,w5 --repeat 3   # as here, checked
 #   benchmarks/run --workloads w1,w5 --scale 0.05                      # every system, quick
 set -euo pipefail
-rounds=${1:-3} backlog=${2:-1000000} jobs=${3:-20000}
+rounds=${1:-3} backlog=${2:-1000000} jobs=${3:-20000} nodes=${4:-}
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cli="$here/../target/release/gendurable"
 cargo build -q --release --locked -p gendurable-cli --manifest-path "$here/../Cargo.toml"
@@ -26,7 +26,8 @@ out=$(mktemp)
 for r in $(seq "$rounds"); do
     echo "round $r/$rounds" >&2
     "$cli" workload w1 --jobs "$jobs" | tee -a "$out"
-    "$cli" workload w5 --jobs "$jobs" --backlog "$backlog" | tee -a "$out"
+    # W1's 20 slots and the 11 the gate's and the key's steps hold (cli/src/w5.rs).
+    "$cli" workload w5 --jobs "$jobs" --backlog "$backlog" --concurrency 31 ${nodes:+--nodes "$nodes"} | tee -a "$out"
 done
 python3 - "$out" <<'PY'
 import json, statistics, sys
@@ -34,7 +35,8 @@ runs = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
 med = lambda w, k: statistics.median(r[k] for r in runs if r["workload"] == w)
 w1, w5 = med("w1", "jobs_per_s"), med("w5", "jobs_per_s")
 print(f"W1 {w1:,.0f} jobs/s; W5 {w5:,.0f} jobs/s = {w5 / w1:.2f} of W1; "
-      f"W5 claiming-call p99 {med('w5', 'pick_p99_ms'):.1f} ms; meanwhile per second: "
+      f"claiming-call p99 W1 {med('w1', 'pick_p99_ms'):.1f} ms, W5 {med('w5', 'pick_p99_ms'):.1f} ms, "
+      f"W5 holding {med('w5', 'pick_p99_hold_ms'):.1f} ms; meanwhile per second: "
       f"gate {med('w5', 'gate_per_s'):.1f} (limit 10), K = 1 key {med('w5', 'key_per_s'):.2f} (1), "
       f"rate limit {med('w5', 'rate_per_s'):.1f} (50)")
 PY
