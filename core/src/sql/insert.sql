@@ -15,9 +15,12 @@ WITH given AS (
                 $7::text[], $8::integer[], $9::float8[], $10::timestamptz[], $12::boolean[])
          WITH ORDINALITY AS u(workflow, step, state, queue, priority, ckey, rkey, max_attempts,
                               delay, at, here, ord)
+), pairs AS MATERIALIZED (
+    -- Materialised: as a subquery, the planner pushes the orphaned() test
+    -- below the DISTINCT and asks it once per row.
+    SELECT DISTINCT queue, workflow FROM given WHERE due_now
 ), orphans AS (
-    SELECT d.queue, d.workflow FROM (SELECT DISTINCT queue, workflow FROM given WHERE due_now) d
-    WHERE __S__.orphaned(d.queue, d.workflow, $19)
+    SELECT p.queue, p.workflow FROM pairs p WHERE __S__.orphaned(p.queue, p.workflow, $19)
 ), input AS (
     -- now_due: due now and waiting for the pick (not parked for its workflow).
     SELECT g.*, o.queue IS NOT NULL AS orphan, g.due_now AND o.queue IS NULL AS now_due
