@@ -28,12 +28,22 @@ for r in $(seq "$rounds"); do
     "$cli" workload w1 --jobs "$jobs" | tee -a "$out"
     # W1's 20 slots and the 11 the gate's and the key's steps hold (cli/src/w5.rs).
     "$cli" workload w5 --jobs "$jobs" --backlog "$backlog" --concurrency 31 ${nodes:+--nodes "$nodes"} | tee -a "$out"
+    # With several nodes, the same nodes without the backlogs: W1 on as many
+    # processes, the baseline the backlogs' cost shows against.
+    if [ -n "$nodes" ]; then
+        "$cli" workload w5 --jobs "$jobs" --backlog 0 --hold 0 --concurrency 31 --nodes "$nodes" | tee -a "$out"
+    fi
 done
 python3 - "$out" <<'PY'
 import json, statistics, sys
 runs = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+base = [r for r in runs if r["workload"] == "w5" and r["backlog"] == 0]
+runs = [r for r in runs if r not in base]
 med = lambda w, k: statistics.median(r[k] for r in runs if r["workload"] == w)
 w1, w5 = med("w1", "jobs_per_s"), med("w5", "jobs_per_s")
+if base:
+    b = statistics.median(r["jobs_per_s"] for r in base)
+    print(f"{base[0]['nodes']} nodes without backlogs {b:,.0f} jobs/s; with them {w5 / b:.2f} of that")
 print(f"W1 {w1:,.0f} jobs/s; W5 {w5:,.0f} jobs/s = {w5 / w1:.2f} of W1; "
       f"claiming-call p99 W1 {med('w1', 'pick_p99_ms'):.1f} ms, W5 {med('w5', 'pick_p99_ms'):.1f} ms, "
       f"W5 holding {med('w5', 'pick_p99_hold_ms'):.1f} ms; meanwhile per second: "
