@@ -509,9 +509,27 @@ async fn pick(sh: &Arc<Shared>, queue: &str, demand: usize) -> Result<Vec<Claime
     Ok(Vec::new())
 }
 
+/// Constraints a concurrent pick can win first: the K = 1 index (another
+/// pick claimed the key), and the counters of a gate or a rate limit minted
+/// by another pick at the same moment.
+const RACED: [&str; 3] = ["instances_k1", "gate_slots_pkey", "rate_state_pkey"];
+
+/// A lost race, which the retry resolves: a deadlock, or a unique violation
+/// of a constraint in `RACED`. Any other violation is an error to report,
+/// not a race to retry.
 fn is_conflict(e: &sqlx::Error) -> bool {
-    matches!(e, sqlx::Error::Database(db)
-        if matches!(db.code().as_deref(), Some("23505") | Some("40P01")))
+    match e {
+        sqlx::Error::Database(db) => is_race(db.code().as_deref(), db.constraint()),
+        _ => false,
+    }
+}
+
+fn is_race(code: Option<&str>, constraint: Option<&str>) -> bool {
+    match code {
+        Some("40P01") => true,
+        Some("23505") => constraint.is_some_and(|c| RACED.contains(&c)),
+        _ => false,
+    }
 }
 
 /// What a handoff call is to claim for one queue.
@@ -1716,5 +1734,32 @@ impl Backoff {
         let d = self.0;
         self.0 = (self.0 * 2).min(Duration::from_secs(5));
         d
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_race;
+
+    #[test]
+    fn only_the_constraints_a_concurrent_pick_can_win_are_races() {
+        assert!(is_race(Some("23505"), Some("instances_k1")));
+        assert!(is_race(Some("23505"), Some("gate_slots_pkey")));
+        assert!(is_race(Some("23505"), Some("rate_state_pkey")));
+        assert!(is_race(Some("40P01"), None));
+        // Anything else is an error to report, not to retry.
+        assert!(!is_race(Some("23505"), Some("instances_pkey")));
+        assert!(!is_race(Some("23505"), None));
+        assert!(!is_race(Some("23514"), Some("gate_slots_available_check")));
+        assert!(!is_race(None, None));
+    }
+
+    /// The names are PostgreSQL's for the engine's own index and keys.
+    #[test]
+    fn the_raced_constraints_exist_in_the_migrations() {
+        let sql = include_str!("../../migrations/20261130000001_instances.sql");
+        assert!(sql.contains("CREATE UNIQUE INDEX instances_k1"));
+        assert!(sql.contains("CREATE TABLE gate_slots ("));
+        assert!(sql.contains("CREATE TABLE rate_state ("));
     }
 }
