@@ -5,6 +5,56 @@
 //! in one transaction. Concurrency keys (K-at-a-time per key, cluster-wide),
 //! gates and rate limits are enforced by the database in the claim itself.
 //! See the crate README and `docs/` for the guarantees.
+//!
+//! ```no_run
+//! use gendurable::{Engine, NewInstance, Transition};
+//! use serde_json::json;
+//!
+//! # async fn run() -> gendurable::Result<()> {
+//! let engine = Engine::builder()
+//!     .url("postgres://localhost/app")
+//!     .queue("default", 20)
+//!     .workflow_fn("Charge", |_step, state, _ctx| async move { Ok(Transition::done(state)) })
+//!     .start()
+//!     .await?;
+//! // At most one step of account 7's instances runs at a time, cluster-wide.
+//! engine
+//!     .insert(NewInstance::new("Charge", json!({"cents": 500})).concurrency_key("acct:7"))
+//!     .await?;
+//! engine.shutdown().await
+//! # }
+//! ```
+//!
+//! # Terms
+//!
+//! - **instance**: one run of a workflow, a row of `instances`, at one step.
+//! - **claim**: a node takes a runnable row (`executing`, its node, the
+//!   attempt counted) under a new **token**; an outcome applies only under
+//!   the token of the claim it answers, so a stale one is **fenced**.
+//! - **pick**: the database function that chooses runnable rows in order
+//!   (priority, schedule, id) and admits each through its concurrency key,
+//!   gate and rate limit.
+//! - **handoff**: the claim path's one call: record outcomes, promote and hand
+//!   over, credit what is left, pick; one round trip, one commit.
+//! - **outcome**: what a step's transition does to its row, written by the
+//!   node that ran it.
+//! - **gate**: a concurrency-key name with a limit K > 1, its slots kept as
+//!   sharded counters; without one a key is K = 1.
+//! - **handover**: a key or gate slot an outcome frees goes to the key's next
+//!   row in the same call.
+//! - **successor**, **reservation**, **promotion**: the next row of a full
+//!   key, reserved for the node that holds the key; it starts once the call
+//!   recording its predecessor's outcome has promoted it into the freed slot.
+//! - **credit**: a freed gate slot nobody took over, returned to its counter.
+//! - **parked**: an available row kept out of the pick's index because its
+//!   key, its rate limit or its workflow cannot run it now; **unparked** in
+//!   the key's order when it can.
+//! - **lease**, **heartbeat**, **rescue**: a node that has not heartbeated for
+//!   a lease is presumed dead and its executing rows are rescued (made
+//!   available again, the attempt counted).
+//! - **reconcile**: recompute a gate's counters from its executing rows.
+//! - **prefetch**: rows a queue claims beyond its free slots, about as many as
+//!   it starts in 50 ms.
 
 pub mod bulkhead;
 pub mod config;
