@@ -3,7 +3,7 @@
 use crate::error::Result;
 use sqlx::{Executor, PgPool};
 
-static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
 /// Every statement the engine runs, with the schema written in. Built once per
 /// engine; the texts are stable, so sqlx prepares each once per connection.

@@ -1757,7 +1757,7 @@ mod tests {
     /// The names are PostgreSQL's for the engine's own index and keys.
     #[test]
     fn the_raced_constraints_exist_in_the_migrations() {
-        let sql = include_str!("../../migrations/20261130000001_instances.sql");
+        let sql = include_str!("../migrations/20261130000001_instances.sql");
         assert!(sql.contains("CREATE UNIQUE INDEX instances_k1"));
         assert!(sql.contains("CREATE TABLE gate_slots ("));
         assert!(sql.contains("CREATE TABLE rate_state ("));
