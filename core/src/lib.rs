@@ -56,7 +56,6 @@
 //! - **prefetch**: rows a queue claims beyond its free slots, about as many as
 //!   it starts in 50 ms.
 
-pub mod bulkhead;
 pub mod config;
 mod db;
 pub mod embedded;
@@ -79,6 +78,8 @@ pub use async_trait::async_trait;
 pub use config::{EngineConfig, GateConfig, RateConfig};
 pub use engine::{Cancelled, Engine, EngineBuilder};
 pub use error::{Error, Result};
+/// The in-process bulkhead (the `gendurable-bulkhead` crate).
+pub use gendurable_bulkhead as bulkhead;
 pub use instance::{
     Instance, NewInstance, Status, DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, DEFAULT_STEP,
 };

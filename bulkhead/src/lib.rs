@@ -12,7 +12,7 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use gendurable::bulkhead::{Bulkhead, BulkheadConfig, Saturated, Wait};
+//! use gendurable_bulkhead::{Bulkhead, BulkheadConfig, Saturated, Wait};
 //!
 //! let payments = Bulkhead::new(
 //!     BulkheadConfig::new(8, Duration::from_secs(30))
@@ -23,7 +23,7 @@
 //!     Ok(outcome) => println!("{outcome}"),
 //!     Err(Saturated) => println!("payments busy, try later"),
 //! }
-//! # Ok::<(), gendurable::bulkhead::BulkheadError>(())
+//! # Ok::<(), gendurable_bulkhead::BulkheadError>(())
 //! ```
 //!
 //! # Permits expire: `reclaim_after`

@@ -1,7 +1,7 @@
 //! Model checks of the bulkhead's slot protocol with loom.
 //!
 //! The bulkhead's atomics and locks come from loom under
-//! `--cfg gendurable_loom` (see `core/src/bulkhead/sync.rs`), so these models
+//! `--cfg gendurable_loom` (see `bulkhead/src/sync.rs`), so these models
 //! explore every interleaving of the real acquire, release, hand-off, sweep
 //! and reset code, under the C11 memory model as loom implements it. The
 //! clock is a model clock that only moves when a test says so, and the
@@ -9,18 +9,18 @@
 //!
 //! ```text
 //! RUSTFLAGS="--cfg gendurable_loom" CARGO_TARGET_DIR=target/loom \
-//!     cargo test -p gendurable --release --test bulkhead_loom
+//!     cargo test -p gendurable-bulkhead --release --test bulkhead_loom
 //! ```
 //!
-//! (Plain `--cfg loom` cannot be used: tokio and sqlx change shape under it
-//! and the crate no longer builds.) A separate target directory keeps the
+//! (Plain `--cfg loom` cannot be used: tokio changes shape under it and the
+//! crate no longer builds.) A separate target directory keeps the
 //! loom build from evicting the normal one.
 #![cfg(gendurable_loom)]
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use gendurable::bulkhead::{Bulkhead, BulkheadConfig, ModelWait, ModelWaiter, OwnedPermit, Wait};
+use gendurable_bulkhead::{Bulkhead, BulkheadConfig, ModelWait, ModelWaiter, OwnedPermit, Wait};
 use loom::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use loom::thread;
 

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use gendurable::bulkhead::{
+use gendurable_bulkhead::{
     Bulkhead, BulkheadConfig, BulkheadError, BulkheadHooks, NotFound, Saturated, Wait, MAX_LIMIT,
     MAX_RECLAIM_AFTER, MAX_WAIT,
 };
@@ -685,7 +685,7 @@ fn a_future_polled_once_then_dropped_releases_its_permit() {
 
 /// Takes a permit from `b`, polling until the deadline of the permit that is
 /// in the way has passed.
-fn acquire_once_expired(b: &Bulkhead) -> gendurable::bulkhead::Permit<'_> {
+fn acquire_once_expired(b: &Bulkhead) -> gendurable_bulkhead::Permit<'_> {
     let give_up = Instant::now() + Duration::from_secs(20);
     loop {
         if let Ok(p) = b.try_acquire() {

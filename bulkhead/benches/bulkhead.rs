@@ -1,7 +1,7 @@
 //! Bulkhead admission cost, side by side with `tokio::sync::Semaphore` and a
 //! `Mutex<usize>` counter.
 //!
-//! `cargo bench -p gendurable --bench bulkhead -- --warm-up-time 1 --measurement-time 2`
+//! `cargo bench -p gendurable-bulkhead --bench bulkhead -- --warm-up-time 1 --measurement-time 2`
 //! (a filter that matches no benchmark, such as `-- paired-only`, prints the
 //! paired tables alone)
 //!
@@ -22,7 +22,7 @@ use std::sync::{Barrier, Mutex};
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, BenchmarkId, Criterion};
-use gendurable::bulkhead::{Bulkhead, BulkheadConfig};
+use gendurable_bulkhead::{Bulkhead, BulkheadConfig};
 use tokio::sync::Semaphore;
 
 const LIMITS: [usize; 4] = [1, 16, 64, 1024];
