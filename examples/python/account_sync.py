@@ -77,11 +77,15 @@ def main() -> None:
         )
         print(f"inserted {len(ids)} syncs: {ids}")
         with engine:  # starts the worker; shuts it down gracefully on exit
+            deadline = time.monotonic() + 60
             while sum(engine.get(i).status == "awaiting" for i in ids) < len(ids):
+                if time.monotonic() > deadline:
+                    raise SystemExit("the syncs did not all reach their approval within 60 s")
                 time.sleep(0.05)
             print(f"all awaiting approval; woke {engine.signal('approve', 'ops@example.com')}")
             for _ in ids:
-                finished.acquire()
+                if not finished.acquire(timeout=60):
+                    raise SystemExit("a sync did not finish within 60 s of its approval")
         for i in ids:
             inst = engine.get(i)
             print(f"  #{inst.id} {inst.status}: {inst.state}")
