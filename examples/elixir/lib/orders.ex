@@ -107,10 +107,18 @@ defmodule Orders do
     if pg, do: GenDurable.TempPostgres.stop(pg)
   end
 
-  defp wait(ids, status) do
-    unless Enum.all?(ids, fn id -> match?({:ok, %{status: ^status}}, GenDurable.get(id)) end) do
-      Process.sleep(100)
-      wait(ids, status)
+  # Polls until every instance has `status`; gives up after a minute.
+  defp wait(ids, status, deadline \\ System.monotonic_time(:millisecond) + 60_000) do
+    cond do
+      Enum.all?(ids, fn id -> match?({:ok, %{status: ^status}}, GenDurable.get(id)) end) ->
+        :ok
+
+      System.monotonic_time(:millisecond) > deadline ->
+        raise "the instances did not all reach #{status} within 60 s"
+
+      true ->
+        Process.sleep(100)
+        wait(ids, status, deadline)
     end
   end
 end
