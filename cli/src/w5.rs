@@ -11,9 +11,8 @@
 //! second each (the gate's 10, the key's 1). `benchmarks/w5.sh` and the
 //! harness give every system's nodes 11 slots more than W1's 20, so that the
 //! unrelated jobs have as many free slots as in W1: W5 measures what the
-//! backlog costs them, not the work the blocked kinds are admitted to do.
-//! (With 20 slots in all, 9 are left for them, and they ran about 10 %
-//! slower in alternating runs.)
+//! backlog costs them, not the work the blocked kinds are admitted to do
+//! (docs/performance.md).
 
 use crate::workload::{bar, now_ns, result, schema, write_records, Node, Records};
 use anyhow::{bail, Context, Result};

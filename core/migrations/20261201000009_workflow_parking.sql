@@ -59,8 +59,8 @@ BEGIN
         ORDER BY i.priority, i.scheduled_at, i.id
         LIMIT lim
     ), workflows AS MATERIALIZED (
-        -- Materialised: as a subquery, the planner pushed the orphaned() test
-        -- below the DISTINCT and asked it once per row (34 ms for 1,000).
+        -- Materialised: as a subquery, the planner pushes the orphaned() test
+        -- below the DISTINCT and asks it once per row.
         SELECT DISTINCT workflow FROM head
     ), orphans AS MATERIALIZED (
         SELECT w.workflow FROM workflows w WHERE orphaned(q, w.workflow, lease)

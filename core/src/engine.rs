@@ -85,8 +85,8 @@ impl EngineBuilder {
 
     /// Use an existing pool. Its connections keep their settings: the
     /// engine's own pool turns JIT off (`options([("jit", "off")])` on the
-    /// connect options), which spares large tables 30-40 ms of compiling
-    /// before statements that take a millisecond.
+    /// connect options), which on large tables spares its statements tens of
+    /// milliseconds of compiling; consider the same for this one.
     pub fn pool(mut self, pool: PgPool) -> Self {
         self.connect = Some(Connect::Pool(pool));
         self
@@ -553,10 +553,10 @@ pub(crate) fn instance_from_row(r: &PgRow) -> Result<Instance> {
 
 /// The options of the engine's own connections. JIT is off: the engine's
 /// statements touch a handful of rows through indexes, but on a large table
-/// their estimates pass `jit_above_cost` and PostgreSQL compiled for 30-40 ms
-/// before a 1 ms statement (the reaper's at start behind two million rows).
-/// The engine's functions also say `SET jit = off`; this covers the plain
-/// statements. A pool handed in with [`EngineBuilder::pool`] keeps its own.
+/// their estimates pass `jit_above_cost`, and compiling takes tens of
+/// milliseconds before a statement that takes one. The engine's functions
+/// also say `SET jit = off`; this covers the plain statements. A pool handed
+/// in with [`EngineBuilder::pool`] keeps its own settings.
 fn connect_options(url: &str) -> Result<sqlx::postgres::PgConnectOptions> {
     let opts: sqlx::postgres::PgConnectOptions = url
         .parse()

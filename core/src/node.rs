@@ -428,8 +428,8 @@ fn start_claimed(sh: &Arc<Shared>, rows: Vec<Claimed>, mut permits: OwnedSemapho
 /// this node claims a rate-limited row (its limit may be exhausted now, and
 /// the pick parks rows for it), or the poll interval: a limit exhausted by
 /// another node's claims is that node's waker's to watch, and the poll covers
-/// a node that died meanwhile. (Waking on every short pick as well kept an
-/// idle node looping: 200-300 sweeps a second, each waking the pickers.)
+/// a node that died meanwhile. Short picks do not wake it: an idle node's
+/// picks are all short, and it would loop.
 async fn rate_waker(sh: Arc<Shared>) {
     loop {
         let wait = match rate_sweep(&sh).await {
