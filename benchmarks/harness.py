@@ -233,7 +233,7 @@ class Postgres:
             [*as_pg, PG_BIN / "initdb", "-D", data, "-U", "postgres", "--auth=trust", "-E", "UTF8"],
             stdout=subprocess.DEVNULL,
         )
-        # The engine's own throwaway cluster uses these too (core/src/embedded.rs), but fsync stays on.
+        # gendurable-testing's throwaway cluster (testing/src/lib.rs) uses these too, but fsync stays on.
         settings = {
             "listen_addresses": "'127.0.0.1'",
             "port": port,

@@ -59,10 +59,14 @@ pub(crate) fn to_py(e: gendurable::Error) -> PyErr {
                 )],
             ),
             gendurable::Error::Migrate(_) => raise(py, "MigrationError", msg, &[]),
-            gendurable::Error::Embedded(_) => raise(py, "EmbeddedPostgresError", msg, &[]),
             _ => raise(py, "Error", msg, &[]),
         }
     })
+}
+
+/// `EmbeddedPostgresError` for a throwaway cluster that failed.
+pub(crate) fn temp_postgres_error(e: gendurable_testing::Error) -> PyErr {
+    Python::attach(|py| raise(py, "EmbeddedPostgresError", e.to_string(), &[]))
 }
 
 /// `CannotConnect` for a connection that failed: `.cause` names why

@@ -1,8 +1,8 @@
 //! A throwaway PostgreSQL cluster for tests (`gendurable.testing`).
 
 use crate::block_on;
-use crate::errors::IntoPyResult;
-use gendurable::embedded::TempPostgres;
+use crate::errors::temp_postgres_error;
+use gendurable_testing::TempPostgres;
 use pyo3::prelude::*;
 use std::sync::Mutex;
 
@@ -17,10 +17,8 @@ impl PyTempPostgres {
     /// Start a cluster from the installed server binaries.
     #[staticmethod]
     fn start(py: Python<'_>) -> PyResult<Self> {
-        let pg = block_on(py, || async {
-            TempPostgres::start().await.map_err(gendurable::Error::from)
-        })
-        .py_err()?;
+        let pg =
+            block_on(py, || async { TempPostgres::start().await }).map_err(temp_postgres_error)?;
         Ok(PyTempPostgres {
             url: pg.url(),
             inner: Mutex::new(Some(pg)),

@@ -9,7 +9,7 @@ use crate::proxy::Proxy;
 use crate::record::{now, Record, Recorder};
 use crate::settings::{self, LEASE, SCHEMA};
 use anyhow::{bail, Context};
-use gendurable::embedded::TempPostgres;
+use gendurable_testing::TempPostgres;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::Value;

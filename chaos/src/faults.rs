@@ -8,7 +8,7 @@ use crate::proxy::Proxy;
 use crate::record::{now, Record, Recorder};
 use crate::settings::LEASE;
 use anyhow::Context;
-use gendurable::embedded::{StopMode, TempPostgres};
+use gendurable_testing::{StopMode, TempPostgres};
 use rand::rngs::StdRng;
 use rand::Rng;
 use std::path::PathBuf;

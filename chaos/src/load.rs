@@ -4,8 +4,8 @@
 use crate::plan::{Plan, POKE, TICK};
 use crate::settings::{RATE, RATE_KEYS, SCHEMA};
 use anyhow::Context;
-use gendurable::embedded::TempPostgres;
 use gendurable::Engine;
+use gendurable_testing::TempPostgres;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::Rng;

@@ -16,8 +16,8 @@ mod workload;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
-use gendurable::embedded::TempPostgres;
 use gendurable::{Engine, NewInstance};
+use gendurable_testing::TempPostgres;
 use std::ffi::OsString;
 use std::future::Future;
 use std::time::Duration;
@@ -364,7 +364,7 @@ async fn database(fsync: bool) -> Result<(String, Option<TempPostgres>)> {
         return Ok((url, None));
     }
     eprintln!("DATABASE_URL is not set: starting a throwaway PostgreSQL...");
-    let pg = TempPostgres::start_with(gendurable::embedded::TempPostgresOptions {
+    let pg = TempPostgres::start_with(gendurable_testing::TempPostgresOptions {
         fsync,
         ..Default::default()
     })

@@ -1,7 +1,7 @@
 //! The `gendurable` binary end to end: migrate, insert, a Rust echo node,
 //! get, status, and clear errors for bad input.
 
-use gendurable::embedded::TempPostgres;
+use gendurable_testing::TempPostgres;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 

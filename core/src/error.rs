@@ -30,9 +30,6 @@ pub enum Error {
     /// Running the schema migrations failed.
     #[error("migration failed: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
-    /// The throwaway Postgres could not be started.
-    #[error(transparent)]
-    Embedded(#[from] crate::embedded::EmbeddedError),
 }
 
 impl Error {

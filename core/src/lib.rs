@@ -58,7 +58,6 @@
 
 pub mod config;
 mod db;
-pub mod embedded;
 mod engine;
 mod error;
 mod insert;

@@ -4,8 +4,8 @@
 //! an outage, a rate-limited backlog left waiting for the poll).
 mod support;
 
-use gendurable::embedded::{StopMode, TempPostgres};
 use gendurable::{GateConfig, NewInstance, RateConfig, Status, Transition};
+use gendurable_testing::{StopMode, TempPostgres};
 use serde_json::json;
 use std::collections::HashMap;
 use std::process::{Command, Stdio};

@@ -1,8 +1,8 @@
 //! Faults: a node killed with SIGKILL mid-step, and Postgres restarted mid-run.
 mod support;
 
-use gendurable::embedded::{StopMode, TempPostgres};
 use gendurable::{GateConfig, NewInstance, Status, Transition};
+use gendurable_testing::{StopMode, TempPostgres};
 use serde_json::json;
 use std::process::{Command, Stdio};
 use std::time::Duration;

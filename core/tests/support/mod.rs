@@ -2,8 +2,8 @@
 //! DATABASE_URL), a fresh schema per test, and an outside observer.
 #![allow(dead_code)]
 
-use gendurable::embedded::TempPostgres;
 use gendurable::{Engine, EngineBuilder};
+use gendurable_testing::TempPostgres;
 use std::sync::OnceLock;
 use std::time::Duration;
 

@@ -5,11 +5,11 @@
 //! `cargo run -p gendurable-examples --example account_sync`
 //! (a throwaway PostgreSQL unless DATABASE_URL is set)
 
-use gendurable::embedded::database_url_or_temp;
 use gendurable::{
     AwaitOn, ConcurrencyKey, Engine, GateConfig, KeyChange, NewInstance, NextOptions, Status,
     Transition, Wake,
 };
+use gendurable_testing::database_url_or_temp;
 use serde_json::json;
 use std::time::Duration;
 

@@ -26,8 +26,8 @@ mod step;
 use convert::{json_to_term, term_to_json};
 use futures::FutureExt;
 use gendurable::bulkhead::{Bulkhead, BulkheadConfig, BulkheadError, OwnedPermit, Wait};
-use gendurable::embedded::TempPostgres;
 use gendurable::{Cancelled, Engine, GateConfig, Instance, NewInstance, RateConfig, Transition};
+use gendurable_testing::TempPostgres;
 use rustler::{Atom, Encoder, Env, LocalPid, Monitor, OwnedEnv, ResourceArc, Term};
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
@@ -178,10 +178,14 @@ fn core_error(e: gendurable::Error) -> Reply {
             gendurable::Error::ShutDown => error_term(env, atoms::shut_down(), None, message),
             gendurable::Error::Database(_) => error_term(env, atoms::database(), None, message),
             gendurable::Error::Migrate(_) => error_term(env, atoms::migrate(), None, message),
-            gendurable::Error::Embedded(_) => error_term(env, atoms::embedded(), None, message),
             _ => internal_error(env, message),
         }
     })
+}
+
+/// A throwaway cluster's failure: `{:error, {:embedded, nil, message}}`.
+fn temp_postgres_error(e: gendurable_testing::Error) -> Reply {
+    reply(move |env| error_term(env, atoms::embedded(), None, e.to_string()))
 }
 
 fn ok_reply<T>(value: T) -> Reply
@@ -769,7 +773,7 @@ fn temp_postgres_start<'a>(env: Env<'a>, reply_ref: Term<'a>) -> Atom {
                 });
                 ok_reply((res, url))
             }
-            Err(e) => core_error(gendurable::Error::Embedded(e)),
+            Err(e) => temp_postgres_error(e),
         }
     });
     atoms::ok()

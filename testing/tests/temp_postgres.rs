@@ -1,4 +1,4 @@
-//! Tests for `gendurable::embedded` against real PostgreSQL servers.
+//! Tests for `gendurable_testing` against real PostgreSQL servers.
 //!
 //! Some tests need a separate process (to kill it, or to give it its own
 //! environment). They re-run this test binary with `GD_EMBEDDED_CHILD` set,
@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use gendurable::embedded::{
-    database_url_or_temp, find_bin_dir, EmbeddedError, StopMode, TempPostgres, TempPostgresOptions,
+use gendurable_testing::{
+    database_url_or_temp, find_bin_dir, Error, StopMode, TempPostgres, TempPostgresOptions,
 };
 use sqlx::{Connection, PgConnection, Row};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -241,7 +241,7 @@ async fn invalid_setting_names_are_rejected() {
     })
     .await
     .unwrap_err();
-    assert!(matches!(err, EmbeddedError::InvalidName(_)), "{err}");
+    assert!(matches!(err, Error::InvalidName(_)), "{err}");
 }
 
 #[tokio::test]
@@ -398,7 +398,7 @@ async fn create_database_returns_a_working_url() {
     connect(&url).await;
 
     let err = pg.create_database("gd_orders").await.unwrap_err();
-    assert!(matches!(err, EmbeddedError::Database(_)), "{err}");
+    assert!(matches!(err, Error::Database(_)), "{err}");
 
     for bad in [
         "",
@@ -408,7 +408,7 @@ async fn create_database_returns_a_working_url() {
         "a b",
     ] {
         let err = pg.create_database(bad).await.unwrap_err();
-        assert!(matches!(err, EmbeddedError::InvalidName(_)), "{bad}: {err}");
+        assert!(matches!(err, Error::InvalidName(_)), "{bad}: {err}");
     }
 }
 

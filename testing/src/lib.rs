@@ -1,10 +1,18 @@
-//! Throwaway PostgreSQL clusters for tests, demos and examples.
+//! gendurable-testing: throwaway PostgreSQL clusters for tests, demos and
+//! examples.
 //!
-//! [`TempPostgres`] runs `initdb` into a fresh temporary directory and starts a
-//! private server on a free loopback port, using the PostgreSQL server
-//! binaries already installed on the machine (nothing is downloaded). The
-//! cluster uses `trust` authentication for the `postgres` role, so
-//! [`TempPostgres::url`] needs no password.
+//! The engine (`gendurable`) never starts a server; it connects to the one it
+//! is given. This crate gives test suites, demos and examples a real, private
+//! PostgreSQL without setting one up: [`TempPostgres`] runs `initdb` into a
+//! fresh temporary directory and starts a server on a free loopback port,
+//! using the PostgreSQL server binaries (`initdb`, `pg_ctl`, `postgres`)
+//! already installed on the machine. Nothing is downloaded, and nothing is
+//! refused silently: when a cluster cannot be started or stopped (no
+//! binaries, no user to run them as, a program failing, a timeout) the call
+//! returns an [`Error`] saying which and why, with the program's output and
+//! the relevant part of the server log. The cluster uses `trust`
+//! authentication for the `postgres` role, so [`TempPostgres::url`] needs no
+//! password.
 //!
 //! It runs `initdb` and `pg_ctl` as child processes and waits for them, so the
 //! host process must not ignore `SIGCHLD` (with `SIG_IGN` children are reaped
@@ -13,8 +21,8 @@
 //! NIF loads.
 //!
 //! ```no_run
-//! # async fn demo() -> Result<(), gendurable::embedded::EmbeddedError> {
-//! use gendurable::embedded::TempPostgres;
+//! # async fn demo() -> gendurable_testing::Result<()> {
+//! use gendurable_testing::TempPostgres;
 //!
 //! let pg = TempPostgres::start().await?;
 //! let url = pg.url(); // postgres://postgres@127.0.0.1:PORT/postgres
@@ -69,7 +77,7 @@ const SERVICE_USER: &str = "postgres";
 /// Database role created by `initdb`; it is the superuser of the cluster.
 const SUPERUSER: &str = "postgres";
 
-/// Name of the file, inside the data directory, that holds this module's
+/// Name of the file, inside the data directory, that holds this crate's
 /// server settings. `postgresql.conf` includes it.
 const SETTINGS_FILE: &str = "gendurable.conf";
 
@@ -104,7 +112,7 @@ rm -rf "$3"
 /// Errors from starting, stopping or using a throwaway cluster.
 #[derive(thiserror::Error, Debug)]
 #[non_exhaustive]
-pub enum EmbeddedError {
+pub enum Error {
     /// No PostgreSQL server binaries were found on this machine.
     #[error(
         "no PostgreSQL server binaries (pg_ctl, initdb, postgres) found; searched: {}. \
@@ -156,6 +164,9 @@ pub enum EmbeddedError {
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
 }
+
+/// Shorthand for results of this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 fn display_paths(paths: &[PathBuf]) -> String {
     if paths.is_empty() {
@@ -224,7 +235,7 @@ struct RunAs {
 ///
 /// Dropping it stops the server (fast shutdown, synchronously) and deletes the
 /// directory; a watchdog process does the same if the owning process dies
-/// without dropping it. See the [module documentation](self).
+/// without dropping it. See the [crate documentation](crate).
 #[derive(Debug)]
 pub struct TempPostgres {
     /// Root of everything the cluster owns: data directory, log file and the
@@ -245,21 +256,21 @@ pub struct TempPostgres {
 impl TempPostgres {
     /// Initialises and starts a cluster with [`TempPostgresOptions::default`]:
     /// durability off, automatically chosen port.
-    pub async fn start() -> Result<TempPostgres, EmbeddedError> {
+    pub async fn start() -> Result<TempPostgres> {
         Self::start_with(TempPostgresOptions::default()).await
     }
 
     /// Initialises and starts a cluster with the given options.
     ///
     /// Takes roughly a second, most of it in `initdb`.
-    pub async fn start_with(opts: TempPostgresOptions) -> Result<TempPostgres, EmbeddedError> {
+    pub async fn start_with(opts: TempPostgresOptions) -> Result<TempPostgres> {
         for (name, _) in &opts.extra_settings {
             validate_setting_name(name)?;
         }
         let bin_dir = blocking(find_bin_dir).await?;
         let run_as = if is_root() {
             Some(
-                lookup_user(SERVICE_USER).ok_or_else(|| EmbeddedError::NoServiceUser {
+                lookup_user(SERVICE_USER).ok_or_else(|| Error::NoServiceUser {
                     user: SERVICE_USER.to_owned(),
                 })?,
             )
@@ -343,13 +354,13 @@ impl TempPostgres {
 
     /// Stops the server with a fast shutdown, keeping the data directory.
     /// Does nothing if the server is not running.
-    pub async fn stop(&mut self) -> Result<(), EmbeddedError> {
+    pub async fn stop(&mut self) -> Result<()> {
         self.stop_with(StopMode::Fast).await
     }
 
     /// Stops the server in the given mode, keeping the data directory.
     /// Does nothing if the server is not running.
-    pub async fn stop_with(&mut self, mode: StopMode) -> Result<(), EmbeddedError> {
+    pub async fn stop_with(&mut self, mode: StopMode) -> Result<()> {
         if !self.is_running() {
             return Ok(());
         }
@@ -375,7 +386,7 @@ impl TempPostgres {
     /// with PostgreSQL restarting mid-run. Does nothing if it is running.
     ///
     /// Fails if something else has taken the port meanwhile.
-    pub async fn start_again(&mut self) -> Result<(), EmbeddedError> {
+    pub async fn start_again(&mut self) -> Result<()> {
         if self.is_running() {
             return Ok(());
         }
@@ -386,13 +397,13 @@ impl TempPostgres {
     }
 
     /// Fast shutdown followed by a start on the same port, keeping the data.
-    pub async fn restart(&mut self) -> Result<(), EmbeddedError> {
+    pub async fn restart(&mut self) -> Result<()> {
         self.restart_with(StopMode::Fast).await
     }
 
     /// Stops the server in the given mode and starts it again on the same
     /// port. With [`StopMode::Immediate`] the start runs crash recovery.
-    pub async fn restart_with(&mut self, mode: StopMode) -> Result<(), EmbeddedError> {
+    pub async fn restart_with(&mut self, mode: StopMode) -> Result<()> {
         self.stop_with(mode).await?;
         self.start_again().await
     }
@@ -402,7 +413,7 @@ impl TempPostgres {
     /// `name` must be a plain identifier: ASCII letters, digits and `_`, not
     /// starting with a digit, at most 63 bytes. It is used as written
     /// (case preserved).
-    pub async fn create_database(&self, name: &str) -> Result<String, EmbeddedError> {
+    pub async fn create_database(&self, name: &str) -> Result<String> {
         validate_database_name(name)?;
         let mut conn = PgConnection::connect(&self.url()).await?;
         // The name is validated above, so plain double quoting is enough.
@@ -431,7 +442,7 @@ impl TempPostgres {
         cmd
     }
 
-    async fn initdb(&self) -> Result<(), EmbeddedError> {
+    async fn initdb(&self) -> Result<()> {
         let mut cmd = self.pg_command("initdb");
         cmd.arg("-D")
             .arg(&self.data_dir)
@@ -453,7 +464,7 @@ impl TempPostgres {
         Ok(())
     }
 
-    async fn write_settings(&self) -> Result<(), EmbeddedError> {
+    async fn write_settings(&self) -> Result<()> {
         let mut settings: Vec<(&str, String)> = vec![
             ("port", self.port.to_string()),
             ("listen_addresses", "127.0.0.1".into()),
@@ -469,7 +480,7 @@ impl TempPostgres {
             settings.push(("fsync", "off".into()));
             settings.push(("full_page_writes", "off".into()));
         }
-        let mut text = String::from("# Written by gendurable::embedded; rewritten on start.\n");
+        let mut text = String::from("# Written by gendurable-testing; rewritten on start.\n");
         let extra = self
             .extra_settings
             .iter()
@@ -487,7 +498,7 @@ impl TempPostgres {
 
     /// Starts the server, moving to a new port if the current one turns out
     /// to be taken and the port was not chosen by the caller.
-    async fn start_server(&mut self) -> Result<(), EmbeddedError> {
+    async fn start_server(&mut self) -> Result<()> {
         self.clear_stale_pid_file().await?;
         let log = self.log_file();
         let mut attempt = 1;
@@ -537,7 +548,7 @@ impl TempPostgres {
     /// First wait (bounded) for the dead server's children to detach from its
     /// shared memory: they exit on their own as soon as they notice the
     /// postmaster is gone, and a start before that would be refused.
-    async fn clear_stale_pid_file(&self) -> Result<(), EmbeddedError> {
+    async fn clear_stale_pid_file(&self) -> Result<()> {
         let path = self.data_dir.join("postmaster.pid");
         let Ok(text) = tokio::fs::read_to_string(&path).await else {
             return Ok(());
@@ -644,7 +655,7 @@ impl fmt::Display for TempPostgres {
 ///
 /// A real server configured by the caller always wins. Keep the guard alive
 /// as long as the URL is in use: dropping it removes the cluster.
-pub async fn database_url_or_temp() -> Result<(String, Option<TempPostgres>), EmbeddedError> {
+pub async fn database_url_or_temp() -> Result<(String, Option<TempPostgres>)> {
     if let Some(url) = std::env::var_os("DATABASE_URL") {
         if !url.is_empty() {
             let url = url.into_string().map_err(|_| {
@@ -671,7 +682,7 @@ pub async fn database_url_or_temp() -> Result<(String, Option<TempPostgres>), Em
 ///    `/usr/pgsql-<version>/bin` (RHEL family), `/usr/local/pgsql/bin`.
 ///
 /// A directory qualifies when `pg_ctl`, `initdb` and `postgres` are all in it.
-pub fn find_bin_dir() -> Result<PathBuf, EmbeddedError> {
+pub fn find_bin_dir() -> Result<PathBuf> {
     let mut searched = Vec::new();
 
     if let Some(path) = std::env::var_os("PATH") {
@@ -724,7 +735,7 @@ pub fn find_bin_dir() -> Result<PathBuf, EmbeddedError> {
         searched.push(dir);
     }
 
-    Err(EmbeddedError::NoBinaries { searched })
+    Err(Error::NoBinaries { searched })
 }
 
 /// `<parent>/<prefix><version>/<suffix>` for every version-named entry,
@@ -763,42 +774,38 @@ fn is_executable(path: &Path) -> bool {
 }
 
 /// Runs a blocking closure off the async runtime's worker threads.
-async fn blocking<T, F>(f: F) -> Result<T, EmbeddedError>
+async fn blocking<T, F>(f: F) -> Result<T>
 where
-    F: FnOnce() -> Result<T, EmbeddedError> + Send + 'static,
+    F: FnOnce() -> Result<T> + Send + 'static,
     T: Send + 'static,
 {
     tokio::task::spawn_blocking(f)
         .await
-        .map_err(|e| EmbeddedError::Io(io::Error::other(e)))?
+        .map_err(|e| Error::Io(io::Error::other(e)))?
 }
 
 /// Runs a command to completion, capturing its output, within `limit`.
 /// The exit status is left to the caller to judge.
-async fn run(
-    mut cmd: tokio::process::Command,
-    label: &str,
-    limit: Duration,
-) -> Result<Output, EmbeddedError> {
+async fn run(mut cmd: tokio::process::Command, label: &str, limit: Duration) -> Result<Output> {
     match tokio::time::timeout(limit, cmd.output()).await {
-        Ok(result) => result.map_err(|e| {
-            EmbeddedError::Io(io::Error::new(e.kind(), format!("running {label}: {e}")))
-        }),
+        Ok(result) => {
+            result.map_err(|e| Error::Io(io::Error::new(e.kind(), format!("running {label}: {e}"))))
+        }
         // kill_on_drop(true) takes care of the abandoned process.
-        Err(_) => Err(EmbeddedError::Timeout(format!(
+        Err(_) => Err(Error::Timeout(format!(
             "`{label}` did not finish within {limit:?}"
         ))),
     }
 }
 
-fn command_error(program: String, output: &Output, extra: String) -> EmbeddedError {
+fn command_error(program: String, output: &Output, extra: String) -> Error {
     let mut text = String::from_utf8_lossy(&output.stdout).into_owned();
     text.push_str(&String::from_utf8_lossy(&output.stderr));
     if !extra.is_empty() {
         text.push_str("\nserver log:\n");
         text.push_str(&extra);
     }
-    EmbeddedError::Command {
+    Error::Command {
         program,
         status: output.status,
         output: text.trim_end().to_owned(),
@@ -886,7 +893,7 @@ fn process_alive(pid: u32) -> bool {
     }
 }
 
-async fn remove_if_exists(path: &Path) -> Result<(), EmbeddedError> {
+async fn remove_if_exists(path: &Path) -> Result<()> {
     match tokio::fs::remove_file(path).await {
         Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e.into()),
         _ => Ok(()),
@@ -904,7 +911,7 @@ fn shm_in_use(shm_id: libc::c_int) -> bool {
 
 /// Creates the cluster's root directory under the system temporary
 /// directory, owned by the service user when we are root.
-fn create_root(run_as: Option<RunAs>) -> Result<TempDir, EmbeddedError> {
+fn create_root(run_as: Option<RunAs>) -> Result<TempDir> {
     let mut base = std::env::temp_dir();
     if let Some(user) = run_as {
         // The service user must be able to reach the directory. A private
@@ -912,7 +919,7 @@ fn create_root(run_as: Option<RunAs>) -> Result<TempDir, EmbeddedError> {
         if !traversable_by(&base, user) {
             let tmp = PathBuf::from("/tmp");
             if !traversable_by(&tmp, user) {
-                return Err(EmbeddedError::Io(io::Error::new(
+                return Err(Error::Io(io::Error::new(
                     io::ErrorKind::PermissionDenied,
                     format!(
                         "the `{SERVICE_USER}` user cannot reach {} or /tmp",
@@ -956,7 +963,7 @@ fn traversable_by(dir: &Path, user: RunAs) -> bool {
     })
 }
 
-/// Starts the watchdog described in the module documentation. Its stdin is a
+/// Starts the watchdog described in the crate documentation. Its stdin is a
 /// pipe; the write end stays inside the returned `Child` (and so in this
 /// process only, as Rust opens pipes close-on-exec).
 fn spawn_watchdog(
@@ -964,7 +971,7 @@ fn spawn_watchdog(
     data_dir: &Path,
     root: &Path,
     run_as: Option<RunAs>,
-) -> Result<std::process::Child, EmbeddedError> {
+) -> Result<std::process::Child> {
     let mut cmd = std::process::Command::new("/bin/sh");
     cmd.arg("-c")
         .arg(WATCHDOG_SCRIPT)
@@ -994,7 +1001,7 @@ fn spawn_watchdog(
         });
     }
     cmd.spawn().map_err(|e| {
-        EmbeddedError::Io(io::Error::new(
+        Error::Io(io::Error::new(
             e.kind(),
             format!("starting the cleanup watchdog: {e}"),
         ))
@@ -1019,7 +1026,7 @@ fn conf_quote(value: &str) -> String {
     out
 }
 
-fn validate_database_name(name: &str) -> Result<(), EmbeddedError> {
+fn validate_database_name(name: &str) -> Result<()> {
     let mut chars = name.chars();
     let valid_start = chars
         .next()
@@ -1030,14 +1037,14 @@ fn validate_database_name(name: &str) -> Result<(), EmbeddedError> {
     if valid_start && valid_rest && name.len() <= 63 {
         Ok(())
     } else {
-        Err(EmbeddedError::InvalidName(format!(
+        Err(Error::InvalidName(format!(
             "{name:?} is not a plain database name (ASCII letters, digits and _, \
              not starting with a digit, at most 63 bytes)"
         )))
     }
 }
 
-fn validate_setting_name(name: &str) -> Result<(), EmbeddedError> {
+fn validate_setting_name(name: &str) -> Result<()> {
     let mut chars = name.chars();
     let valid_start = chars
         .next()
@@ -1047,7 +1054,7 @@ fn validate_setting_name(name: &str) -> Result<(), EmbeddedError> {
     if valid_start && valid_rest {
         Ok(())
     } else {
-        Err(EmbeddedError::InvalidName(format!(
+        Err(Error::InvalidName(format!(
             "{name:?} is not a valid server setting name"
         )))
     }
