@@ -1,5 +1,5 @@
-// `sqlx::migrate!` embeds the migrations at compile time: rebuild when one
-// is added or changed.
+// `sqlx::migrate!` and `include_str!` embed sql/ at compile time: rebuild when a
+// file is added or changed.
 fn main() {
-    println!("cargo:rerun-if-changed=migrations");
+    println!("cargo:rerun-if-changed=sql");
 }

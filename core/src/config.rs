@@ -33,6 +33,19 @@ impl GateConfig {
     }
 }
 
+/// Reads a gate given on a command line: `NAME=LIMIT` or `NAME=LIMIT/SHARDS`
+/// (`gendurable status --gate`, `mix gendurable.status --gate`).
+pub fn parse_gate(s: &str) -> Result<(String, GateConfig)> {
+    let bad = |what: &str| Error::input("gate", format!("{s:?}: {what}"));
+    let (name, rest) = s
+        .split_once('=')
+        .ok_or_else(|| bad("expected NAME=LIMIT or NAME=LIMIT/SHARDS"))?;
+    let (limit, shards) = rest.split_once('/').unwrap_or((rest, "1"));
+    let limit = limit.parse().map_err(|_| bad("bad limit"))?;
+    let shards = shards.parse().map_err(|_| bad("bad shard count"))?;
+    Ok((name.to_owned(), GateConfig::new(limit).shards(shards)))
+}
+
 /// A rate limit: steps carrying a rate-limit key whose name is configured start
 /// at a sustained `limit` per `period`, with at most `burst` back to back.
 /// In any window of one `period` at most `limit + burst - 1` steps start.

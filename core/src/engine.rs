@@ -2,13 +2,13 @@
 //! and starting or stopping this process's worker node.
 
 use crate::config::{EngineConfig, GateConfig, RateConfig};
-use crate::db::{self, Sql};
 use crate::error::{Error, Result};
 use crate::insert;
 use crate::instance::{Instance, NewInstance, Status};
 use crate::node::{self, Node};
 use crate::outcome::check_rate_key;
 use crate::stats::Stats;
+use crate::store::{self, Sql};
 use crate::validate;
 use crate::workflow::{FnWorkflow, StepContext, StepResult, WithStepRates, Workflow};
 use serde_json::Value;
@@ -306,7 +306,7 @@ impl EngineBuilder {
             None => unreachable!("validated"),
         };
         if self.migrate {
-            db::migrate(&pool, &self.cfg.schema).await?;
+            store::migrate(&pool, &self.cfg.schema).await?;
         }
         Ok(Engine {
             inner: Arc::new(Inner {
@@ -356,7 +356,7 @@ impl Engine {
 
     /// Run the migrations (also done by `build` unless disabled).
     pub async fn migrate(&self) -> Result<()> {
-        db::migrate(&self.inner.pool, &self.inner.cfg.schema).await
+        store::migrate(&self.inner.pool, &self.inner.cfg.schema).await
     }
 
     /// Start this process's worker node: heartbeat, pickers for every queue,

@@ -47,7 +47,7 @@ impl Error {
     /// Whether retrying later may succeed (a broken connection, a restarting server).
     pub fn is_transient(&self) -> bool {
         match self {
-            Error::Database(e) => crate::db::is_transient(e),
+            Error::Database(e) => crate::store::is_transient(e),
             _ => false,
         }
     }

@@ -259,7 +259,7 @@ pub(crate) async fn copy(inner: &Inner, pool: &PgPool, rows: Rows) -> Result<Vec
         .collect::<BTreeSet<_>>()
         .into_iter()
         .collect();
-    sqlx::query("SELECT pg_notify($1, q) FROM unnest($2::text[]) q")
+    sqlx::query(&inner.sql.notify_queues)
         .bind(&inner.sql.channel)
         .bind(queues)
         .execute(&mut *tx)
@@ -272,8 +272,8 @@ pub(crate) async fn copy(inner: &Inner, pool: &PgPool, rows: Rows) -> Result<Vec
 /// their queue's live nodes runs ("workflow"), else those beyond the room
 /// their key has ("key"), else beyond the room their rate limit has
 /// ("rate"), in the order the pick would take them (priority, then the
-/// batch's order); see `orphaned`, `key_room` and `rate_room` in the
-/// migrations.
+/// batch's order); see `orphaned`, `key_room` and `rate_room` in
+/// `sql/functions/`.
 async fn parked_on_copy(
     inner: &Inner,
     tx: &mut sqlx::PgConnection,

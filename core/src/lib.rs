@@ -57,7 +57,6 @@
 //!   it starts in 50 ms.
 
 pub mod config;
-mod db;
 mod engine;
 mod error;
 mod insert;
@@ -68,6 +67,7 @@ mod outcome;
 mod prefetch;
 mod stats;
 mod status;
+mod store;
 mod successors;
 mod transition;
 pub mod validate;

@@ -560,8 +560,8 @@ struct Handoff {
     claimed: Vec<Claimed>,
 }
 
-/// The one statement of the claim path (the `handoff` function in the
-/// migrations): record `outcomes` and promote the successors started in the
+/// The one statement of the claim path (`sql/functions/handoff.sql`):
+/// record `outcomes` and promote the successors started in the
 /// slots they free, hand the other freed keys and slots to their keys' next
 /// rows, give back `unreserve`, credit what is left, claim per queue and
 /// reserve successors. Atomic: it applies whole or not at all.
@@ -1756,8 +1756,8 @@ mod tests {
 
     /// The names are PostgreSQL's for the engine's own index and keys.
     #[test]
-    fn the_raced_constraints_exist_in_the_migrations() {
-        let sql = include_str!("../migrations/20261130000001_instances.sql");
+    fn the_raced_constraints_exist_in_the_baseline() {
+        let sql = include_str!("../sql/migrations/20261201000000_baseline.sql");
         assert!(sql.contains("CREATE UNIQUE INDEX instances_k1"));
         assert!(sql.contains("CREATE TABLE gate_slots ("));
         assert!(sql.contains("CREATE TABLE rate_state ("));

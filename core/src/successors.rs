@@ -1,7 +1,7 @@
 //! Successors: rows a node reserved to start the moment a step of the same
 //! key ends, in the slot that step frees, without a round trip in between.
-//! The database side (reservation, promotion, release) is in the handoff
-//! migrations; this is the node's bookkeeping.
+//! The database side (reservation, promotion, release) is in
+//! `sql/functions/handoff.sql`; this is the node's bookkeeping.
 //!
 //! A successor belongs to its key *and queue*: it runs in a slot of its own
 //! queue, on that queue's permits, and is reserved only for steps of the same

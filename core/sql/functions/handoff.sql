@@ -1,41 +1,49 @@
--- Handovers: a key or gate slot an outcome frees goes straight to the next
--- row of its key in the same call, when the node has room for it. Without it
--- a node working through busy K = 1 keys or a saturated gate walked the whole
--- backlog of held keys in the pick's window on every call, to find the one
--- row each freed key made runnable.
+-- Outcomes, promotions, handovers, claims and reservations in one call (one
+-- round trip, one commit).
 --
--- handoff() takes the parameters documented in 20261130000002 and now also
--- returns, in its header row, how many rows were handed over and which freed
--- keys are still free at the end of the call, after the handover and the pick
--- (`released` counts them), so a key the pick took again wakes nobody.
-
--- A key's next rows in claim order, for the handover and the reservation of
--- successors. Their queries name the queue as `queue || ''`, which no index
--- matches: with `queue = $` the generic plan, made while the table has no
--- statistics yet, may take instances_pick instead and walk the queue's whole
--- backlog for each key.
-DROP INDEX instances_key_next;
-CREATE INDEX instances_key_next ON instances (concurrency_key, priority, scheduled_at, id)
-    WHERE status = 'available' AND concurrency_key IS NOT NULL;
-
-DROP FUNCTION handoff(jsonb, text, text, boolean, text[], integer[], boolean[], boolean[], bigint[],
-                      float8, text[], text[], integer[], integer[], text[], float8[], float8[]);
-
-CREATE FUNCTION handoff(outcomes jsonb, node_id text, channel text, notify boolean,
+-- `outcomes`: a JSON array of outcomes (see OutcomeRow). An outcome applies
+-- only while its row is executing on this node under its token and still
+-- holds the key and shard the outcome names, so a late outcome of a rescued
+-- row is dropped; `next`/`ntoken` name the reserved successor the node
+-- started in the slot it frees and that reservation's token. A successor is
+-- promoted only if its predecessor's outcome applied in this call.
+--
+-- A key or gate slot an outcome frees goes straight to the next row of its
+-- key (a handover, parked or not), when the node has room for it; a key the
+-- outcomes leave with room gets its next parked rows unparked into it.
+--
+-- `queues`/`demands`: how many rows to claim per queue (empty: record the
+-- outcomes only); `skip_pick` set: the caller knows a pick would find nothing
+-- new; `reserve` set: reserve a successor for each keyed row claimed or
+-- promoted in that queue (the node has room its keys cannot fill, so slots
+-- hand over without a round trip). `unreserve`/`unreserve_tokens`:
+-- reservations the node gives back. The remaining parameters are the pick's.
+--
+-- Returns the claimed rows (reserved = false), the reserved ones (reserved =
+-- true), and one header row with `written` (outcomes applied), `released`
+-- (freed keys and slots nobody took over), `handed_over`, `released_keys`
+-- (the freed keys still free at the end of the call, so a key the pick took
+-- again wakes nobody) and `promoted`: every successor named in the call that
+-- runs under this node now (promoted here, or by an earlier call whose answer
+-- was lost). A successor not listed was not admitted, and its node must not
+-- let it finish.
+CREATE OR REPLACE FUNCTION handoff(outcomes jsonb, node_id text, channel text, notify boolean,
                         queues text[], demands integer[], skip_pick boolean[], reserve boolean[],
-                        unreserve bigint[], win_factor float8, workflows text[],
+                        unreserve bigint[], unreserve_tokens bigint[], win_factor float8, workflows text[],
                         gate_names text[], gate_limits integer[], gate_shards integer[],
                         rate_names text[], rate_intervals float8[], rate_tolerances float8[])
 RETURNS TABLE (claimed claim, reserved boolean, written integer, released integer,
-               handed_over integer, released_keys text[])
+               handed_over integer, released_keys text[], promoted bigint[])
 LANGUAGE plpgsql VOLATILE
 SET search_path FROM CURRENT
 SET plan_cache_mode = force_generic_plan
+SET jit = off
 AS $$
 #variable_conflict use_column
 DECLARE
     n_written integer := 0;
     n_unreserved integer := 0;
+    n_unparked integer := 0;
     -- The freed keys still free at the end.
     r_key text[] := '{}';
     -- What the applied outcomes freed: the key each claim held, its gate shard
@@ -44,24 +52,33 @@ DECLARE
     f_shard integer[];
     f_queue text[];
     f_next bigint[];
-    -- Successors promoted into freed slots.
+    f_ntoken bigint[];
+    -- Successors promoted into freed slots, and every named successor that
+    -- runs here now.
     t_key text[];
     t_shard integer[];
+    p_id bigint[] := '{}';
+    -- Every successor the outcomes name, with its reservation's token.
+    n_next bigint[];
+    n_ntoken bigint[];
     -- Keyed rows that want a successor reserved.
     w_key text[];
     w_queue text[];
     -- Rows the freed keys and slots were handed over to.
     h_id bigint[];
     h_queue text[];
+    -- Every row this call claimed, promoted or handed over.
+    c_id bigint[] := '{}';
+    picked claim[];
     d integer;
     q integer;
 BEGIN
     IF jsonb_array_length(outcomes) > 0 THEN
         WITH o AS (
             SELECT * FROM jsonb_to_recordset(outcomes) AS o(
-                id bigint, attempt integer, kind text, status text, step text, state jsonb,
+                id bigint, token bigint, kind text, status text, step text, state jsonb,
                 set_key boolean, ckey text, rkey text, delay float8, until timestamptz,
-                signal text, error jsonb, hkey text, gshard integer, next bigint)
+                signal text, error jsonb, hkey text, gshard integer, next bigint, ntoken bigint)
         ), upd AS (
             UPDATE instances i SET
                 status = CASE WHEN i.cancel_requested AND o.status NOT IN ('completed', 'cancelled', 'discarded')
@@ -89,48 +106,67 @@ BEGIN
                 node = NULL,
                 gate_shard = NULL
             FROM o
-            WHERE i.id = o.id AND i.status = 'executing' AND i.node = node_id AND i.attempt = o.attempt
-            RETURNING i.queue, o.hkey, o.gshard, o.next
+            WHERE i.id = o.id AND i.status = 'executing' AND i.node = node_id AND i.token = o.token
+              AND i.concurrency_key IS NOT DISTINCT FROM o.hkey
+              AND i.gate_shard IS NOT DISTINCT FROM o.gshard
+            RETURNING i.queue, o.hkey, o.gshard, o.next, o.ntoken
         )
         SELECT count(*)::integer,
                array_agg(u.hkey) FILTER (WHERE u.hkey IS NOT NULL),
                array_agg(u.gshard) FILTER (WHERE u.hkey IS NOT NULL),
                array_agg(u.queue) FILTER (WHERE u.hkey IS NOT NULL),
-               array_agg(u.next) FILTER (WHERE u.hkey IS NOT NULL)
-        INTO n_written, f_key, f_shard, f_queue, f_next
+               array_agg(u.next) FILTER (WHERE u.hkey IS NOT NULL),
+               array_agg(u.ntoken) FILTER (WHERE u.hkey IS NOT NULL),
+               (SELECT array_agg(o.next) FROM o WHERE o.next IS NOT NULL),
+               (SELECT array_agg(o.ntoken) FROM o WHERE o.next IS NOT NULL)
+        INTO n_written, f_key, f_shard, f_queue, f_next, f_ntoken, n_next, n_ntoken
         FROM upd u;
     END IF;
 
     -- Promote the successors started in freed slots: each takes its
-    -- predecessor's shard (its key is the same), so no counter changes. The
+    -- predecessor's shard (same key, same queue, so no counter changes). The
     -- predecessor left 'executing' in the statement above, so the K = 1 index
     -- sees one executing row per key throughout.
     IF f_next IS NOT NULL THEN
         WITH p AS (
-            SELECT p.id, p.shard FROM unnest(f_next, f_shard) AS p(id, shard) WHERE p.id IS NOT NULL
-        ), promoted AS (
+            SELECT p.* FROM unnest(f_next, f_ntoken, f_shard, f_key, f_queue) AS p(id, ntoken, shard, key, queue)
+            WHERE p.id IS NOT NULL
+        ), moved AS (
             UPDATE instances i
-            SET status = 'executing', attempt = i.attempt + 1, attempted_at = now(), gate_shard = p.shard
+            SET status = 'executing', attempt = i.attempt + 1, attempted_at = now(), gate_shard = p.shard,
+                token = i.token + 1
             FROM p
-            WHERE i.id = p.id AND i.status = 'available' AND i.node = node_id
-            RETURNING i.concurrency_key, i.gate_shard
+            WHERE i.id = p.id AND i.status = 'available' AND i.node = node_id AND i.token = p.ntoken
+              AND i.concurrency_key = p.key AND i.queue = p.queue
+            RETURNING i.id, i.concurrency_key, i.gate_shard
         )
-        SELECT array_agg(concurrency_key), array_agg(gate_shard)
-        INTO t_key, t_shard
-        FROM promoted;
+        SELECT coalesce(array_agg(id), '{}'), array_agg(concurrency_key), array_agg(gate_shard)
+        INTO p_id, t_key, t_shard
+        FROM moved;
+        c_id := p_id;
+    END IF;
+
+    -- Every successor the outcomes name that runs here under the token its
+    -- promotion gives: promoted just now, or by a call whose answer was lost
+    -- (its predecessor's outcome is fenced on the retry). Only needed when
+    -- some were not promoted just now.
+    IF cardinality(n_next) > cardinality(p_id) THEN
+        SELECT coalesce(array_agg(i.id), '{}') INTO p_id
+        FROM unnest(n_next, n_ntoken) AS n(id, ntoken)
+        JOIN instances i ON i.id = n.id
+        WHERE i.status = 'executing' AND i.node = node_id AND i.token = n.ntoken + 1;
     END IF;
 
     -- Hand the keys and slots no successor took over to the next rows of the
     -- same keys in the same queues, as far as the caller's demand goes: the
     -- node has room, and these rows can run now (their key was just held).
     -- Reaching a key's rows through its own index entries costs the same
-    -- however deep the backlog: the pick's window would walk the rows of
-    -- every key the node holds to find them. Rows under a configured rate
-    -- limit are left to the pick. A handed-over row takes the freed gate
-    -- shard, so no counter changes. A K = 1 key needs no claim_key here: the
-    -- row that held it leaves 'executing' in this same transaction, so no
-    -- other picker ever sees the key free. The pick gets the demand left.
-    IF f_key IS NOT NULL THEN
+    -- however deep the backlog. Rows under a configured rate limit are left
+    -- to the pick. A handed-over row takes the freed gate shard, so no
+    -- counter changes. A K = 1 key needs no claim_key here: the row that
+    -- held it leaves 'executing' in this same transaction, so no other
+    -- picker ever sees the key free. The pick gets the demand left.
+    IF array_position(f_next, NULL) IS NOT NULL THEN
         WITH slot AS (
             SELECT f.key, f.shard, f.queue, count(*)::integer AS n
             FROM unnest(f_key, f_shard, f_queue, f_next) AS f(key, shard, queue, next)
@@ -156,7 +192,7 @@ BEGIN
         ), handed AS (
             UPDATE instances i
             SET status = 'executing', node = node_id, attempt = i.attempt + 1, attempted_at = now(),
-                gate_shard = c.shard
+                gate_shard = c.shard, token = i.token + 1, parked = NULL
             FROM chosen c
             WHERE i.id = c.id
             RETURNING i.id, i.queue, i.concurrency_key, i.gate_shard
@@ -165,16 +201,18 @@ BEGIN
                coalesce(t_shard, '{}') || array_agg(gate_shard)
         INTO h_id, h_queue, t_key, t_shard
         FROM handed;
+        c_id := c_id || coalesce(h_id, '{}');
     END IF;
 
     IF cardinality(unreserve) > 0 THEN
-        n_unreserved := release_reserved(node_id, unreserve);
+        n_unreserved := release_reserved(node_id, unreserve, unreserve_tokens);
     END IF;
 
     -- Credit the gate slots nobody took over, each to the shard it came
     -- from, locking the counters in key order. Values come from the locked
-    -- version (see the pick); least(): never above capacity.
-    IF f_key IS NOT NULL THEN
+    -- version (see the pick); least(): never above capacity. Each row taken
+    -- over took one freed slot, so with as many taken as freed none is left.
+    IF coalesce(cardinality(t_key), 0) < cardinality(f_key) THEN
         WITH freed AS (
             SELECT key, shard, count(*)::integer AS n FROM unnest(f_key, f_shard) AS f(key, shard)
             WHERE shard IS NOT NULL GROUP BY 1, 2
@@ -199,8 +237,8 @@ BEGIN
     IF h_id IS NOT NULL THEN
         RETURN QUERY
         SELECT (i.id, i.workflow, i.step, i.state, i.queue, i.priority, i.attempt, i.max_attempts,
-                i.concurrency_key, i.gate_shard, i.rate_key, i.wake)::claim, false, NULL::integer,
-               NULL::integer, NULL::integer, NULL::text[]
+                i.concurrency_key, i.gate_shard, i.rate_key, i.wake, i.token)::claim, false, NULL::integer,
+               NULL::integer, NULL::integer, NULL::text[], NULL::bigint[]
         FROM instances i WHERE i.id = ANY (h_id);
     END IF;
 
@@ -209,21 +247,26 @@ BEGIN
         -- What the handover left of the demand.
         d := demands[q] - coalesce(cardinality(array_positions(h_queue, queues[q])), 0);
         IF d > 0 AND NOT skip_pick[q] THEN
-            RETURN QUERY
-            SELECT p, false, NULL::integer, NULL::integer, NULL::integer, NULL::text[]
+            -- In pick order (a function scan keeps it).
+            SELECT coalesce(array_agg(p), '{}') INTO picked
             FROM pick(queues[q], d, ceil(d * win_factor)::integer + 8,
                       workflows, node_id, gate_names, gate_limits, gate_shards,
                       rate_names, rate_intervals, rate_tolerances) p;
+            RETURN QUERY
+            SELECT p, false, NULL::integer, NULL::integer, NULL::integer, NULL::text[], NULL::bigint[]
+            FROM unnest(picked) p;
+            c_id := c_id || ARRAY(SELECT (p).id FROM unnest(picked) p);
         END IF;
     END LOOP;
 
-    -- The keyed rows claimed or promoted just now (this transaction's
-    -- timestamp) in queues that reserve.
-    IF true = ANY (reserve) THEN
+    -- The keyed rows claimed or promoted just now in queues that reserve,
+    -- by id: the executing index holds an entry for every row this node ran
+    -- since the last vacuum.
+    IF true = ANY (reserve) AND cardinality(c_id) > 0 THEN
         SELECT coalesce(array_agg(i.concurrency_key), '{}'), coalesce(array_agg(i.queue), '{}')
         INTO w_key, w_queue
         FROM instances i
-        WHERE i.status = 'executing' AND i.node = node_id AND i.attempted_at = now()
+        WHERE i.id = ANY (c_id) AND i.status = 'executing' AND i.node = node_id
           AND i.concurrency_key IS NOT NULL AND reserve[array_position(queues, i.queue)]
           AND (i.rate_key IS NULL
                OR array_position(rate_names, split_part(i.rate_key, ':', 1)) IS NULL);
@@ -252,20 +295,22 @@ BEGIN
                 LIMIT w.n
                 FOR UPDATE SKIP LOCKED) n
         )
-        UPDATE instances i SET node = node_id
+        UPDATE instances i SET node = node_id, token = i.token + 1, parked = NULL
         FROM nxt
         WHERE i.id = nxt.id
         RETURNING (i.id, i.workflow, i.step, i.state, i.queue, i.priority, i.attempt, i.max_attempts,
-                   i.concurrency_key, i.gate_shard, i.rate_key, i.wake)::claim, true, NULL::integer,
-                  NULL::integer, NULL::integer, NULL::text[];
+                   i.concurrency_key, i.gate_shard, i.rate_key, i.wake, i.token)::claim, true, NULL::integer,
+                  NULL::integer, NULL::integer, NULL::text[], NULL::bigint[];
     END IF;
 
     -- The keys the outcomes freed that are still free now that this call has
     -- handed over and claimed: rows waiting for them may sit in any queue, on
     -- any node, so wake the other nodes ('*' and the sender), and tell the
-    -- caller (which gives back its reservations of those keys). Only when other nodes are alive (a lone node claims for itself;
-    -- one that starts meanwhile polls until our next heartbeat sees it).
-    IF f_key IS NOT NULL THEN
+    -- caller (which gives back its reservations of those keys). Only when
+    -- other nodes are alive (a lone node claims for itself; one that starts
+    -- meanwhile polls until our next heartbeat sees it). A key whose every
+    -- freed slot was taken over is as full as before.
+    IF coalesce(cardinality(t_key), 0) < cardinality(f_key) THEN
         SELECT coalesce(array_agg(f.key), '{}') INTO r_key
         FROM (SELECT DISTINCT f.key, f.shard IS NULL AS k1 FROM unnest(f_key, f_shard) AS f(key, shard)) f
         WHERE CASE WHEN f.k1
@@ -275,10 +320,14 @@ BEGIN
                    ELSE EXISTS (SELECT 1 FROM gate_slots s WHERE s.key = f.key AND s.available > 0)
               END;
     END IF;
+    -- Their parked rows come into the room they have now.
+    IF cardinality(r_key) > 0 THEN
+        n_unparked := unpark_keys(r_key, gate_names, gate_limits, NULL);
+    END IF;
     IF notify AND cardinality(r_key) + n_unreserved > 0 THEN
         PERFORM pg_notify(channel, '*' || node_id);
     END IF;
     RETURN QUERY SELECT NULL::claim, NULL::boolean, n_written, cardinality(r_key) + n_unreserved,
-                        coalesce(cardinality(h_id), 0), r_key;
+                        coalesce(cardinality(h_id), 0), r_key, p_id;
 END
 $$;

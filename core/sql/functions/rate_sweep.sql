@@ -1,0 +1,73 @@
+-- Up to `lim` rate-limit keys with parked rows, from the first after `after`
+-- (NULL: from the start), each unparked as far as its limit allows starts
+-- now (a name no longer configured: all of them, `lim` at a time); queues
+-- with rows unparked are woken on `channel`. Returns the rows unparked, the
+-- last key swept (NULL once the sweep reached the end) and `next_in`: the
+-- seconds until one of these keys allows a start beyond the rows waiting
+-- unparked now, as if those were claimed meanwhile (NULL: none will, before
+-- a claim). The rate waker sleeps that long: one sweep per start, not one
+-- per pick.
+CREATE OR REPLACE FUNCTION rate_sweep(after text, lim integer, channel text,
+                           rate_names text[], rate_intervals float8[], rate_tolerances float8[],
+                           OUT unparked integer, OUT last_key text, OUT next_in float8)
+LANGUAGE plpgsql VOLATILE
+SET search_path FROM CURRENT
+SET jit = off
+AS $$
+DECLARE
+    ks text[];
+BEGIN
+    WITH RECURSIVE k AS (
+        (SELECT i.rate_key AS key FROM instances i
+         WHERE i.status = 'available' AND i.parked = 'rate' AND i.rate_key > coalesce(after, '')
+         ORDER BY i.rate_key LIMIT 1)
+        UNION ALL
+        SELECT (SELECT i.rate_key FROM instances i
+                WHERE i.status = 'available' AND i.parked = 'rate' AND i.rate_key > k.key
+                ORDER BY i.rate_key LIMIT 1)
+        FROM k WHERE k.key IS NOT NULL
+    )
+    SELECT coalesce(array_agg(key), '{}') INTO ks FROM (SELECT key FROM k WHERE key IS NOT NULL LIMIT lim) x;
+    last_key := CASE WHEN cardinality(ks) >= lim THEN ks[cardinality(ks)] END;
+
+    WITH allow AS (
+        -- What the limits allow now; the pick decides, this only puts rows
+        -- where it can see them.
+        SELECT r.key, r.room AS n
+        FROM rate_room(ks, lim, rate_names, rate_intervals, rate_tolerances) r
+    ), c AS (
+        SELECT p.id FROM allow a CROSS JOIN LATERAL (
+            SELECT i.id FROM instances i
+            WHERE i.rate_key = a.key AND i.status = 'available' AND i.parked = 'rate'
+            ORDER BY i.priority, i.scheduled_at, i.id
+            LIMIT a.n
+            FOR UPDATE SKIP LOCKED) p
+        WHERE a.n > 0
+    ), u AS (
+        UPDATE instances i SET parked = NULL WHERE i.id = ANY (ARRAY(SELECT c.id FROM c)) RETURNING i.queue
+    ), woken AS (
+        SELECT pg_notify(channel, q) FROM (SELECT DISTINCT queue AS q FROM u) d WHERE channel IS NOT NULL
+    )
+    SELECT ((SELECT count(*) FROM u) + 0 * (SELECT count(*) FROM woken))::integer INTO unparked;
+
+    -- GCRA: with `w` rows waiting, the start after them conforms from
+    -- max(tat, now) - tolerance + w × interval; never while w reaches the
+    -- burst (floor(tolerance / interval) + 1), which only claims change.
+    SELECT extract(epoch FROM min(t.at) - now())::float8 INTO next_in
+    FROM (
+        SELECT greatest(coalesce(rs.tat, now()), now())
+                   - make_interval(secs => rate_tolerances[d.ri])
+                   + make_interval(secs => w.n * rate_intervals[d.ri]) AS at
+        FROM (SELECT u.key, array_position(rate_names, split_part(u.key, ':', 1)) AS ri
+              FROM unnest(ks) AS u(key)) d
+        LEFT JOIN rate_state rs ON rs.key = d.key
+        CROSS JOIN LATERAL (
+            SELECT count(*)::integer AS n FROM (
+                SELECT 1 FROM instances a
+                WHERE a.status = 'available' AND a.parked IS NULL AND a.rate_key = d.key
+                LIMIT floor(rate_tolerances[d.ri] / rate_intervals[d.ri] + 1e-9)::integer + 1) x) w
+        WHERE d.ri IS NOT NULL
+          AND w.n < floor(rate_tolerances[d.ri] / rate_intervals[d.ri] + 1e-9)::integer + 1
+    ) t;
+END
+$$;
