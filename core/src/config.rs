@@ -214,31 +214,6 @@ impl EngineConfig {
     }
 
     /// The rate limit that captures a rate-limit key, if any.
-    /// The configured gates as the SQL functions take them: names and limits.
-    pub(crate) fn gate_arrays(&self) -> (Vec<String>, Vec<i32>) {
-        let names = self.gates.keys().cloned().collect();
-        let limits = self.gates.values().map(|g| g.limit as i32).collect();
-        (names, limits)
-    }
-
-    /// The configured gates' shard counts, in `gate_arrays`' order.
-    pub(crate) fn gate_shard_array(&self) -> Vec<i32> {
-        self.gates
-            .values()
-            .map(|g| g.effective_shards() as i32)
-            .collect()
-    }
-
-    /// The configured rate limits as the SQL functions take them: names,
-    /// GCRA intervals and tolerances in seconds.
-    pub(crate) fn rate_arrays(&self) -> (Vec<String>, Vec<f64>, Vec<f64>) {
-        (
-            self.rates.keys().cloned().collect(),
-            self.rates.values().map(|r| r.interval_secs()).collect(),
-            self.rates.values().map(|r| r.tolerance_secs()).collect(),
-        )
-    }
-
     pub fn rate_for(&self, key: &str) -> Option<(&str, &RateConfig)> {
         self.rates
             .get_key_value(validate::key_name(key))

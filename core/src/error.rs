@@ -47,9 +47,30 @@ impl Error {
     /// Whether retrying later may succeed (a broken connection, a restarting server).
     pub fn is_transient(&self) -> bool {
         match self {
-            Error::Database(e) => crate::store::is_transient(e),
+            Error::Database(e) => is_transient(e),
             _ => false,
         }
+    }
+}
+
+/// Whether a database error is worth retrying: a broken or refused connection,
+/// a server shutting down or starting, a deadlock or serialization failure.
+fn is_transient(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::Protocol(_)
+        | sqlx::Error::WorkerCrashed
+        | sqlx::Error::Tls(_) => true,
+        sqlx::Error::Database(db) => db.code().is_some_and(|code| {
+            code.starts_with("08")
+                || code.starts_with("57P")
+                || code == "40001"
+                || code == "40P01"
+                || code == "53300"
+        }),
+        _ => false,
     }
 }
 

@@ -57,25 +57,24 @@
 //!   it starts in 50 ms.
 
 pub mod config;
+mod context;
 mod engine;
 mod error;
-mod insert;
 mod instance;
-mod liveness;
 mod node;
 mod outcome;
-mod prefetch;
 mod stats;
-mod status;
 mod store;
-mod successors;
 mod transition;
 pub mod validate;
 mod workflow;
 
 pub use async_trait::async_trait;
 pub use config::{EngineConfig, GateConfig, RateConfig};
-pub use engine::{Cancelled, Engine, EngineBuilder};
+pub use engine::{
+    Cancelled, ClusterStatus, Engine, EngineBuilder, GateStatus, KeyLimit, NoNode, NodeStatus,
+    Parked, ParkedKey, QueueCount, RateStatus, WaitingRows,
+};
 pub use error::{Error, Result};
 /// The in-process bulkhead (the `gendurable-bulkhead` crate).
 pub use gendurable_bulkhead as bulkhead;
@@ -83,9 +82,5 @@ pub use instance::{
     Instance, NewInstance, Status, DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, DEFAULT_STEP,
 };
 pub use stats::{Latencies, Stats, StatsSnapshot};
-pub use status::{
-    ClusterStatus, GateStatus, KeyLimit, NoNode, NodeStatus, Parked, ParkedKey, QueueCount,
-    RateStatus, WaitingRows,
-};
 pub use transition::{AwaitOn, ConcurrencyKey, KeyChange, NextOptions, Transition, Wake};
 pub use workflow::{BoxError, FnWorkflow, StepContext, StepResult, Workflow};

@@ -1,10 +1,34 @@
-//! The engine's SQL, in `core/sql/`: the migrations (tables, indexes, types),
-//! one file per function, one file per statement. Statements are read here
-//! and nowhere else, with the schema written in one way ([`in_schema`]).
+//! The database side: the engine's SQL, in `core/sql/` (the migrations, one
+//! file per function, one file per statement), read here and nowhere else
+//! with the schema written in one way ([`in_schema`]), and typed calls of
+//! the statements the node runs.
 
+mod claims;
+mod limits;
+mod maintenance;
 mod migrate;
 
+pub(crate) use claims::{read_handoff, Call, Demand, Handoff, Held};
+pub(crate) use limits::Limits;
+pub(crate) use maintenance::Beat;
 pub(crate) use migrate::migrate;
+
+use sqlx::PgPool;
+
+/// A pool and the statements of one schema.
+pub(crate) struct Store {
+    pub pool: PgPool,
+    pub sql: Sql,
+}
+
+impl Store {
+    pub fn new(pool: PgPool, schema: &str) -> Store {
+        Store {
+            pool,
+            sql: Sql::new(schema),
+        }
+    }
+}
 
 /// Writes the engine's schema into a statement in place of `__S__`. The
 /// schema is validated as `[a-z0-9_]`; quoting keeps it exact.
@@ -53,25 +77,4 @@ queries! {
     // Status.
     schema_exists, status_counts, status_nodes, status_waiting, status_gates,
     status_executing_keys, status_rates, status_parked,
-}
-
-/// Whether a database error is worth retrying: a broken or refused connection,
-/// a server shutting down or starting, a deadlock or serialization failure.
-pub(crate) fn is_transient(e: &sqlx::Error) -> bool {
-    match e {
-        sqlx::Error::Io(_)
-        | sqlx::Error::PoolTimedOut
-        | sqlx::Error::PoolClosed
-        | sqlx::Error::Protocol(_)
-        | sqlx::Error::WorkerCrashed
-        | sqlx::Error::Tls(_) => true,
-        sqlx::Error::Database(db) => db.code().is_some_and(|code| {
-            code.starts_with("08")
-                || code.starts_with("57P")
-                || code == "40001"
-                || code == "40P01"
-                || code == "53300"
-        }),
-        _ => false,
-    }
 }

@@ -1,7 +1,7 @@
 //! Introspection: what the cluster is doing right now, for `gendurable status`
 //! and monitoring.
 
-use crate::engine::Engine;
+use super::Engine;
 use crate::error::{Error, Result};
 use chrono::{DateTime, Utc};
 use sqlx::Row;
@@ -142,7 +142,7 @@ impl Engine {
     /// configured name captured it. Config names capture every key with that
     /// name before the first `:` (`order` gates `order:42`).
     pub fn key_limit(&self, key: &str) -> KeyLimit {
-        match self.inner.cfg.gate_for(key) {
+        match self.ctx.cfg.gate_for(key) {
             Some((name, g)) => KeyLimit {
                 k: g.limit,
                 gate: Some(name.to_owned()),
@@ -159,8 +159,8 @@ impl Engine {
     /// Whether this engine's schema exists and holds the engine's tables
     /// (read-only: nothing is created).
     pub async fn schema_exists(&self) -> Result<bool> {
-        Ok(sqlx::query_scalar(&self.inner.sql.schema_exists)
-            .fetch_one(&self.inner.pool)
+        Ok(sqlx::query_scalar(&self.ctx.store.sql.schema_exists)
+            .fetch_one(&self.ctx.store.pool)
             .await?)
     }
 
@@ -169,14 +169,14 @@ impl Engine {
     /// a schema that does not exist is an error, not created.
     pub async fn status(&self) -> Result<ClusterStatus> {
         if !self.schema_exists().await? {
-            let schema = &self.inner.cfg.schema;
+            let schema = &self.ctx.cfg.schema;
             return Err(Error::InvalidConfig(format!(
                 "schema {schema:?} does not exist in this database (or has no gendurable tables); \
                  `gendurable migrate --schema {schema}` creates it"
             )));
         }
-        let (sql, pool) = (&self.inner.sql, &self.inner.pool);
-        let lease = self.inner.cfg.lease.as_secs_f64();
+        let (sql, pool) = (&self.ctx.store.sql, &self.ctx.store.pool);
+        let lease = self.ctx.cfg.lease.as_secs_f64();
         let counts = sqlx::query(&sql.status_counts)
             .fetch_all(pool)
             .await?
@@ -272,8 +272,8 @@ impl Engine {
 impl Engine {
     /// Keys with parked rows (see `sql/queries/status_parked.sql`).
     async fn parked(&self) -> Result<Vec<ParkedKey>> {
-        sqlx::query(&self.inner.sql.status_parked)
-            .fetch_all(&self.inner.pool)
+        sqlx::query(&self.ctx.store.sql.status_parked)
+            .fetch_all(&self.ctx.store.pool)
             .await?
             .iter()
             .map(|r| {

@@ -1,10 +1,11 @@
 //! Inserting instances: validation, then one statement from parallel arrays,
 //! or `COPY` for large batches of rows due now.
 
-use crate::engine::Inner;
+use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::instance::{NewInstance, Schedule};
-use crate::node::{self, Shared};
+use crate::node::local;
+use crate::node::Shared;
 use crate::outcome::{check_rate_key, Claimed};
 use crate::validate;
 use chrono::{DateTime, Utc};
@@ -36,7 +37,7 @@ pub(crate) struct Rows {
 impl Rows {
     /// Validate every instance (an error names the first bad one and inserts
     /// nothing) and resolve declared rate-limit keys.
-    pub fn new(inner: &Inner, news: Vec<NewInstance>) -> Result<Rows> {
+    pub fn new(ctx: &Context, news: Vec<NewInstance>) -> Result<Rows> {
         let n = news.len();
         let mut r = Rows {
             workflow: Vec::with_capacity(n),
@@ -54,13 +55,13 @@ impl Rows {
             new.validate().map_err(|e| at_index(e, i, n))?;
             let declared = match &new.rate_limit {
                 Some(k) => Some(k.clone()),
-                None => inner
+                None => ctx
                     .workflows
                     .get(&new.workflow)
                     .and_then(|w| w.rate_limit(&new.step, &new.state)),
             };
             if let Some(k) = &declared {
-                check_rate_key(&inner.cfg, k).map_err(|e| at_index(e, i, n))?;
+                check_rate_key(&ctx.cfg, k).map_err(|e| at_index(e, i, n))?;
             }
             let (delay, at) = match new.schedule {
                 Schedule::Now => (None, None),
@@ -102,7 +103,7 @@ impl Rows {
 /// Insert with one statement; `here` is this process's node, which may start
 /// rows at once (only for a statement that commits on its own).
 pub(crate) async fn insert<'c, E>(
-    inner: &Inner,
+    ctx: &Context,
     executor: E,
     rows: Rows,
     here: Option<&Arc<Shared>>,
@@ -122,13 +123,13 @@ where
             if rows.due_now(i)
                 && rows.ckey[i].is_none()
                 && rows.rkey[i].is_none()
-                && inner.workflows.contains_key(&rows.workflow[i])
+                && ctx.workflows.contains_key(&rows.workflow[i])
             {
                 startable.entry(&rows.queue[i]).or_default().push(i);
             }
         }
         for (q, idx) in startable {
-            let Some(permit) = node::local_slots(sh, q, idx.len()) else {
+            let Some(permit) = local::local_slots(sh, q, idx.len()) else {
                 continue;
             };
             for &i in &idx[..permit.num_permits()] {
@@ -139,12 +140,11 @@ where
         }
     }
     let claiming = match here {
-        Some(sh) if !started.is_empty() => Some(node::claiming(sh).await),
+        Some(sh) if !started.is_empty() => Some(local::claiming(sh).await),
         _ => None,
     };
-    let (gate_names, gate_limits) = inner.cfg.gate_arrays();
-    let (rate_names, rate_intervals, rate_tolerances) = inner.cfg.rate_arrays();
-    let result = sqlx::query(&inner.sql.insert)
+    let l = &ctx.limits;
+    let result = sqlx::query(&ctx.store.sql.insert)
         .bind(rows.workflow)
         .bind(rows.step)
         .bind(rows.state)
@@ -155,15 +155,15 @@ where
         .bind(rows.max_attempts)
         .bind(rows.delay)
         .bind(rows.at)
-        .bind(&inner.sql.channel)
+        .bind(&ctx.store.sql.channel)
         .bind(start)
-        .bind(&inner.cfg.node_id)
-        .bind(gate_names)
-        .bind(gate_limits)
-        .bind(rate_names)
-        .bind(rate_intervals)
-        .bind(rate_tolerances)
-        .bind(inner.cfg.lease.as_secs_f64())
+        .bind(&ctx.cfg.node_id)
+        .bind(&l.gate_names)
+        .bind(&l.gate_limits)
+        .bind(&l.rate_names)
+        .bind(&l.rate_intervals)
+        .bind(&l.rate_tolerances)
+        .bind(ctx.cfg.lease.as_secs_f64())
         .fetch_all(executor)
         .await;
     // Rows come back in input order; the started ones with their state.
@@ -186,13 +186,13 @@ where
         (Ok(r), _) => r,
         (Err(e), Some(sh)) if claiming.is_some() => {
             // It may have committed: the node looks for claims it never got.
-            node::claim_failed(sh);
+            local::claim_failed(sh);
             return Err(e);
         }
         (Err(e), _) => return Err(e),
     };
     if let Some(sh) = here.filter(|_| !claimed.is_empty()) {
-        node::start_inserted(sh, claimed, slots);
+        local::start_inserted(sh, claimed, slots);
     }
     drop(claiming);
     Ok(ids)
@@ -220,13 +220,13 @@ fn claimed_here(rows: &Rows, i: usize) -> Claimed {
 /// Insert rows due now with `COPY`, in one transaction: ids drawn from the
 /// table's sequence first (so they come back in order), the rows copied with
 /// them, the queues woken on commit.
-pub(crate) async fn copy(inner: &Inner, pool: &PgPool, rows: Rows) -> Result<Vec<i64>> {
+pub(crate) async fn copy(ctx: &Context, pool: &PgPool, rows: Rows) -> Result<Vec<i64>> {
     let mut tx = pool.begin().await?;
-    let ids: Vec<i64> = sqlx::query_scalar(&inner.sql.next_ids)
+    let ids: Vec<i64> = sqlx::query_scalar(&ctx.store.sql.next_ids)
         .bind(rows.len() as i64)
         .fetch_all(&mut *tx)
         .await?;
-    let parked = parked_on_copy(inner, &mut tx, &rows).await?;
+    let parked = parked_on_copy(ctx, &mut tx, &rows).await?;
     let mut data = String::with_capacity(rows.len() * 64);
     for (i, id) in ids.iter().enumerate() {
         let _ = write!(data, "{id}\t");
@@ -250,7 +250,7 @@ pub(crate) async fn copy(inner: &Inner, pool: &PgPool, rows: Rows) -> Result<Vec
         let parked = parked[i].unwrap_or("\\N");
         let _ = writeln!(data, "{}\tavailable\t{parked}", rows.max_attempts[i]);
     }
-    let mut copy = tx.copy_in_raw(&inner.sql.copy_in).await?;
+    let mut copy = tx.copy_in_raw(&ctx.store.sql.copy_in).await?;
     copy.send(data.into_bytes()).await?;
     copy.finish().await?;
     let queues: Vec<&String> = rows
@@ -259,8 +259,8 @@ pub(crate) async fn copy(inner: &Inner, pool: &PgPool, rows: Rows) -> Result<Vec
         .collect::<BTreeSet<_>>()
         .into_iter()
         .collect();
-    sqlx::query(&inner.sql.notify_queues)
-        .bind(&inner.sql.channel)
+    sqlx::query(&ctx.store.sql.notify_queues)
+        .bind(&ctx.store.sql.channel)
         .bind(queues)
         .execute(&mut *tx)
         .await?;
@@ -275,7 +275,7 @@ pub(crate) async fn copy(inner: &Inner, pool: &PgPool, rows: Rows) -> Result<Vec
 /// batch's order); see `orphaned`, `key_room` and `rate_room` in
 /// `sql/functions/`.
 async fn parked_on_copy(
-    inner: &Inner,
+    ctx: &Context,
     tx: &mut sqlx::PgConnection,
     rows: &Rows,
 ) -> Result<Vec<Option<&'static str>>> {
@@ -283,10 +283,10 @@ async fn parked_on_copy(
         .map(|i| (rows.queue[i].as_str(), rows.workflow[i].as_str()))
         .collect();
     let (queues, workflows): (Vec<&str>, Vec<&str>) = pairs.into_iter().unzip();
-    let orphans: Vec<(String, String)> = sqlx::query_as(&inner.sql.orphans)
+    let orphans: Vec<(String, String)> = sqlx::query_as(&ctx.store.sql.orphans)
         .bind(&queues)
         .bind(&workflows)
-        .bind(inner.cfg.lease.as_secs_f64())
+        .bind(ctx.cfg.lease.as_secs_f64())
         .fetch_all(&mut *tx)
         .await?;
     let orphans: HashSet<(&str, &str)> = orphans
@@ -308,11 +308,10 @@ async fn parked_on_copy(
         .filter_map(|i| rows.ckey[i].as_deref())
         .collect();
     if !keys.is_empty() {
-        let (names, limits) = inner.cfg.gate_arrays();
-        let room = sqlx::query_as::<_, (String, i32)>(&inner.sql.key_room)
+        let room = sqlx::query_as::<_, (String, i32)>(&ctx.store.sql.key_room)
             .bind(&keys)
-            .bind(names)
-            .bind(limits)
+            .bind(&ctx.limits.gate_names)
+            .bind(&ctx.limits.gate_limits)
             .fetch_all(&mut *tx)
             .await?;
         spend_room(&order, &rows.ckey, room, "key", &mut parked);
@@ -322,13 +321,12 @@ async fn parked_on_copy(
         .filter_map(|i| rows.rkey[i].as_deref())
         .collect();
     if !rated.is_empty() {
-        let (names, intervals, tolerances) = inner.cfg.rate_arrays();
-        let room = sqlx::query_as::<_, (String, i32)>(&inner.sql.rate_room)
+        let room = sqlx::query_as::<_, (String, i32)>(&ctx.store.sql.rate_room)
             .bind(&rated)
             .bind(rows.len() as i32)
-            .bind(names)
-            .bind(intervals)
-            .bind(tolerances)
+            .bind(&ctx.limits.rate_names)
+            .bind(&ctx.limits.rate_intervals)
+            .bind(&ctx.limits.rate_tolerances)
             .fetch_all(&mut *tx)
             .await?;
         spend_room(&order, &rows.rkey, room, "rate", &mut parked);

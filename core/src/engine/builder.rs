@@ -1,47 +1,24 @@
-//! The engine: configuration, the client calls (insert, signal, cancel, get)
-//! and starting or stopping this process's worker node.
+//! [`EngineBuilder`]: an engine's configuration, checked before anything
+//! connects, and its connection pool.
 
+use super::Engine;
 use crate::config::{EngineConfig, GateConfig, RateConfig};
+use crate::context::Context;
 use crate::error::{Error, Result};
-use crate::insert;
-use crate::instance::{Instance, NewInstance, Status};
-use crate::node::{self, Node};
 use crate::outcome::check_rate_key;
-use crate::stats::Stats;
-use crate::store::{self, Sql};
+use crate::store::{self, Store};
 use crate::validate;
 use crate::workflow::{FnWorkflow, StepContext, StepResult, WithStepRates, Workflow};
 use serde_json::Value;
-use sqlx::postgres::{PgPoolOptions, PgRow};
-
-/// How long a pooled connection may sit idle before it is pinged on acquire.
-const IDLE_CHECK: std::time::Duration = std::time::Duration::from_secs(1);
-use sqlx::{PgPool, Postgres, Row};
+use sqlx::postgres::PgPoolOptions;
+use sqlx::PgPool;
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::Mutex;
 
-/// A handle on the engine: cheap to clone, usable from many tasks.
-#[derive(Clone)]
-pub struct Engine {
-    pub(crate) inner: Arc<Inner>,
-}
-
-pub(crate) struct Inner {
-    pub pool: PgPool,
-    pub cfg: EngineConfig,
-    pub sql: Sql,
-    pub workflows: HashMap<String, Arc<dyn Workflow>>,
-    pub stats: Stats,
-    /// Whether other nodes were alive at the last heartbeat: outcomes that free
-    /// keys or slots only notify when someone else may be waiting for them.
-    pub others_alive: std::sync::atomic::AtomicBool,
-    node: Mutex<Option<Node>>,
-    /// The running node's shared state, for inserts that start rows here.
-    pub here: std::sync::Mutex<std::sync::Weak<node::Shared>>,
-}
+/// How long a pooled connection may sit idle before it is pinged on acquire.
+const IDLE_CHECK: Duration = Duration::from_secs(1);
 
 enum Connect {
     Url(String),
@@ -308,17 +285,11 @@ impl EngineBuilder {
         if self.migrate {
             store::migrate(&pool, &self.cfg.schema).await?;
         }
+        let store = Store::new(pool, &self.cfg.schema);
         Ok(Engine {
-            inner: Arc::new(Inner {
-                sql: Sql::new(&self.cfg.schema),
-                pool,
-                cfg: self.cfg,
-                workflows,
-                stats: Stats::default(),
-                others_alive: std::sync::atomic::AtomicBool::new(true),
-                node: Mutex::new(None),
-                here: Default::default(),
-            }),
+            ctx: Arc::new(Context::new(store, self.cfg, workflows)),
+            node: Default::default(),
+            here: Default::default(),
         })
     }
 
@@ -328,227 +299,6 @@ impl EngineBuilder {
         engine.start().await?;
         Ok(engine)
     }
-}
-
-impl Engine {
-    /// The pool the engine uses. A pool the engine opened itself plans prepared
-    /// statements generically (`plan_cache_mode = force_generic_plan`): the
-    /// pick's plan does not depend on its parameters, and replanning it on
-    /// every call would cost more than running it.
-    pub fn pool(&self) -> &PgPool {
-        &self.inner.pool
-    }
-
-    /// The configuration.
-    pub fn config(&self) -> &EngineConfig {
-        &self.inner.cfg
-    }
-
-    /// This node's id.
-    pub fn node_id(&self) -> &str {
-        &self.inner.cfg.node_id
-    }
-
-    /// Counters of what this engine did (picks, claims, outcomes, ...).
-    pub fn stats(&self) -> &Stats {
-        &self.inner.stats
-    }
-
-    /// Run the migrations (also done by `build` unless disabled).
-    pub async fn migrate(&self) -> Result<()> {
-        store::migrate(&self.inner.pool, &self.inner.cfg.schema).await
-    }
-
-    /// Start this process's worker node: heartbeat, pickers for every queue,
-    /// the reaper, the stager and the gate reconciler. Idempotent.
-    pub async fn start(&self) -> Result<()> {
-        let mut node = self.inner.node.lock().await;
-        if node.is_none() {
-            *node = Some(Node::start(self.inner.clone()).await?);
-        }
-        Ok(())
-    }
-
-    /// Stop picking, let running steps finish within the shutdown timeout
-    /// (steps still running then are aborted and recorded as errors), write
-    /// every outcome and hand back rows that never started.
-    pub async fn shutdown(&self) -> Result<()> {
-        let node = self.inner.node.lock().await.take();
-        match node {
-            Some(node) => node.stop(&self.inner).await,
-            None => Ok(()),
-        }
-    }
-
-    /// One reaper pass now: rows executing on nodes whose heartbeat is older
-    /// than the lease become runnable again. Returns how many were rescued.
-    /// Running nodes do this on their own every heartbeat interval.
-    pub async fn reap_now(&self) -> Result<u64> {
-        crate::node::reap(&self.inner, None).await
-    }
-
-    /// One gate reconciler sweep now: counters are reset from the executing
-    /// rows and idle keys' counters deleted. Returns the counters changed.
-    /// Running nodes do this on their own every GC interval.
-    pub async fn reconcile_gates_now(&self) -> Result<u64> {
-        crate::node::reconcile_gates(&self.inner).await
-    }
-
-    /// Delete finished instances older than the retention now. Returns how
-    /// many. Running nodes do this on their own once a minute.
-    pub async fn prune_now(&self) -> Result<u64> {
-        crate::node::prune(&self.inner).await
-    }
-
-    /// Insert one instance; returns its id.
-    pub async fn insert(&self, new: NewInstance) -> Result<i64> {
-        let ids = self.insert_many(vec![new]).await?;
-        Ok(ids[0])
-    }
-
-    /// Insert many instances in one round trip; returns their ids in order.
-    /// Either all are inserted or none.
-    ///
-    /// When this process runs a node serving the queue with running slots
-    /// idle and nothing left to pick there, rows due now without a
-    /// concurrency key or rate limit are claimed by the insert itself and
-    /// start here at once, without a wake-up and a pick.
-    pub async fn insert_many(&self, news: Vec<NewInstance>) -> Result<Vec<i64>> {
-        if news.is_empty() {
-            return Ok(Vec::new());
-        }
-        let rows = insert::Rows::new(&self.inner, news)?;
-        if rows.wants_copy() {
-            return insert::copy(&self.inner, &self.inner.pool, rows).await;
-        }
-        let here = self
-            .inner
-            .here
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .upgrade();
-        insert::insert(&self.inner, &self.inner.pool, rows, here.as_ref()).await
-    }
-
-    /// Insert inside the caller's own transaction or connection:
-    /// `engine.insert_many_in(&mut *tx, news)`. The instances become visible,
-    /// and wake the pickers, when that transaction commits.
-    pub async fn insert_many_in<'c, E>(
-        &self,
-        executor: E,
-        news: Vec<NewInstance>,
-    ) -> Result<Vec<i64>>
-    where
-        E: sqlx::Executor<'c, Database = Postgres>,
-    {
-        if news.is_empty() {
-            return Ok(Vec::new());
-        }
-        let rows = insert::Rows::new(&self.inner, news)?;
-        insert::insert(&self.inner, executor, rows, None).await
-    }
-
-    /// Read an instance back.
-    pub async fn get(&self, id: i64) -> Result<Instance> {
-        let row = sqlx::query(&self.inner.sql.get)
-            .bind(id)
-            .fetch_optional(&self.inner.pool)
-            .await?;
-        match row {
-            Some(row) => instance_from_row(&row),
-            None => Err(Error::NotFound(id)),
-        }
-    }
-
-    /// Wake every instance awaiting signal `name`; the woken steps see
-    /// `payload`. Returns how many were woken. A signal sent while nothing
-    /// awaits it is not kept.
-    pub async fn signal(&self, name: &str, payload: Value) -> Result<u64> {
-        self.send_signal(name, payload, None).await
-    }
-
-    /// Wake one awaiting instance by id, whatever it awaits. Returns whether it
-    /// was awaiting.
-    pub async fn signal_instance(&self, id: i64, name: &str, payload: Value) -> Result<bool> {
-        Ok(self.send_signal(name, payload, Some(id)).await? == 1)
-    }
-
-    async fn send_signal(&self, name: &str, payload: Value, id: Option<i64>) -> Result<u64> {
-        validate::name("signal", name)?;
-        validate::payload("payload", &payload)?;
-        let row = sqlx::query(&self.inner.sql.signal)
-            .bind(name)
-            .bind(payload)
-            .bind(id)
-            .bind(&self.inner.sql.channel)
-            .fetch_one(&self.inner.pool)
-            .await?;
-        Ok(row.try_get::<i64, _>(0)? as u64)
-    }
-
-    /// Cancel an instance. One that is not executing is cancelled at once;
-    /// an executing one when its step's outcome is written.
-    pub async fn cancel(&self, id: i64) -> Result<Cancelled> {
-        self.cancel_with_reason(id, "cancelled").await
-    }
-
-    /// [`Engine::cancel`] with a reason recorded in the instance's errors.
-    pub async fn cancel_with_reason(&self, id: i64, reason: &str) -> Result<Cancelled> {
-        let row = sqlx::query(&self.inner.sql.cancel)
-            .bind(id)
-            .bind(reason)
-            .fetch_optional(&self.inner.pool)
-            .await?;
-        let Some(row) = row else {
-            return Err(Error::NotFound(id));
-        };
-        let status = Status::parse(row.try_get::<&str, _>(0)?);
-        Ok(match status {
-            Status::Executing => Cancelled::AtOutcome,
-            s if s.is_final() => Cancelled::AlreadyFinished(s),
-            _ => Cancelled::Now,
-        })
-    }
-}
-
-/// What [`Engine::cancel`] did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Cancelled {
-    /// It was not executing and is now cancelled.
-    Now,
-    /// It is executing; its outcome will record it as cancelled.
-    AtOutcome,
-    /// It had already finished, with this status; nothing changed.
-    AlreadyFinished(Status),
-}
-
-pub(crate) fn instance_from_row(r: &PgRow) -> Result<Instance> {
-    let errors: Value = r.try_get("errors")?;
-    Ok(Instance {
-        id: r.try_get("id")?,
-        workflow: r.try_get("workflow")?,
-        step: r.try_get("step")?,
-        state: r.try_get("state")?,
-        queue: r.try_get("queue")?,
-        priority: r.try_get("priority")?,
-        status: Status::parse(r.try_get::<&str, _>("status")?),
-        concurrency_key: r.try_get("concurrency_key")?,
-        rate_limit: r.try_get("rate_key")?,
-        attempt: r.try_get("attempt")?,
-        max_attempts: r.try_get("max_attempts")?,
-        node: r.try_get("node")?,
-        cancel_requested: r.try_get("cancel_requested")?,
-        await_signal: r.try_get("await_signal")?,
-        await_until: r.try_get("await_until")?,
-        errors: match errors {
-            Value::Array(a) => a,
-            _ => Vec::new(),
-        },
-        inserted_at: r.try_get("inserted_at")?,
-        scheduled_at: r.try_get("scheduled_at")?,
-        attempted_at: r.try_get("attempted_at")?,
-        finished_at: r.try_get("finished_at")?,
-    })
 }
 
 /// The options of the engine's own connections. JIT is off: the engine's

@@ -1,0 +1,41 @@
+//! What an engine and its worker node share.
+
+use crate::config::EngineConfig;
+use crate::stats::Stats;
+use crate::store::{Limits, Store};
+use crate::workflow::Workflow;
+use std::collections::HashMap;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+/// The database, the configuration, the registered workflows and the
+/// counters: built once by [`crate::EngineBuilder::build`].
+pub(crate) struct Context {
+    pub store: Store,
+    pub cfg: EngineConfig,
+    pub workflows: HashMap<String, Arc<dyn Workflow>>,
+    /// The workflows and the configured gates and rate limits, as the SQL
+    /// functions take them.
+    pub limits: Limits,
+    pub stats: Stats,
+    /// Whether other nodes were alive at the last heartbeat: outcomes that free
+    /// keys or slots only notify when someone else may be waiting for them.
+    pub others_alive: AtomicBool,
+}
+
+impl Context {
+    pub fn new(
+        store: Store,
+        cfg: EngineConfig,
+        workflows: HashMap<String, Arc<dyn Workflow>>,
+    ) -> Context {
+        Context {
+            limits: Limits::new(&cfg, workflows.keys()),
+            store,
+            cfg,
+            workflows,
+            stats: Stats::default(),
+            others_alive: AtomicBool::new(true),
+        }
+    }
+}

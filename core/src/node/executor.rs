@@ -1,0 +1,207 @@
+//! Running a claimed row's step, and starting its key's successor in the
+//! slot it frees.
+
+use super::{lock, panic_message, Running, Shared};
+use crate::outcome::{Claimed, OutcomeRow, Promotion};
+use crate::stats::Stats;
+use crate::transition::{Transition, Wake};
+use crate::workflow::StepContext;
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::sync::{oneshot, OwnedSemaphorePermit};
+use tokio_util::sync::CancellationToken;
+
+pub(super) fn hand_back(sh: &Shared, rows: Vec<Claimed>) {
+    Stats::add(&sh.ctx.stats.released, rows.len() as u64);
+    sh.successors(|s| rows.iter().for_each(|r| s.release(r)));
+    for row in rows {
+        let _ = sh.outcomes.send(OutcomeRow::release(&row));
+    }
+}
+
+/// Run a claimed row: wait for a running slot (unless it comes with one: a
+/// successor takes its predecessor's), run the step, queue its outcome, and
+/// start the key's reserved successor in the slot, if there is one.
+/// `promotion`: a successor's, settled when the call recording its
+/// predecessor's outcome is written; the successor starts only once
+/// promoted (not promoted, it goes back unstarted).
+pub(super) fn spawn_step(
+    sh: &Arc<Shared>,
+    row: Claimed,
+    claim: OwnedSemaphorePermit,
+    run: Option<OwnedSemaphorePermit>,
+    promotion: Option<oneshot::Receiver<bool>>,
+) {
+    let Some(workflow) = sh.ctx.workflows.get(&row.workflow).cloned() else {
+        // The pick only claims workflows this node knows.
+        hand_back(sh, vec![row]);
+        return;
+    };
+    let sh2 = sh.clone();
+    let runs = sh.runs[&row.queue].clone();
+    sh.steps.spawn(async move {
+        let sh = sh2;
+        // A prefetched row waits here for a running slot (in claim order:
+        // the semaphore is fair); at shutdown, rows not started go back.
+        let run = match run {
+            Some(run) => Some(run),
+            None => tokio::select! {
+                biased;
+                _ = sh.shutdown.cancelled() => None,
+                run = runs.acquire_owned() => run.ok(),
+            },
+        };
+        // A successor starts once the call recording its predecessor's
+        // outcome has promoted it: before that the database does not count
+        // its attempt, so a step that kills its process would never reach
+        // max_attempts. Not promoted, it was never admitted.
+        if let Some(p) = promotion {
+            if p.await != Ok(true) {
+                not_admitted(&sh, &row);
+                return;
+            }
+        }
+        // A node that may have been presumed dead starts nothing: its rows
+        // may run elsewhere already.
+        let Some(run) = run.filter(|_| sh.live.is_live()) else {
+            drop(claim);
+            hand_back(&sh, vec![row]);
+            return;
+        };
+        // Never two runs of one instance here: a run still going on an
+        // earlier claim of the row (rescued meanwhile) is stopped first.
+        let prior = lock(&sh.running)
+            .get(&row.id)
+            .map(|r| (r.abort.clone(), r.ended.clone()));
+        if let Some((abort, ended)) = prior {
+            tracing::warn!(
+                id = row.id,
+                "stopping the run of an earlier claim of this instance before starting it again"
+            );
+            abort.abort();
+            ended.cancelled().await;
+        }
+        sh.prefetch[&row.queue].started();
+        let ctx = StepContext {
+            id: row.id,
+            workflow: row.workflow.clone(),
+            queue: row.queue.clone(),
+            attempt: row.attempt,
+            max_attempts: row.max_attempts,
+            concurrency_key: row.concurrency_key.clone(),
+            rate_limit: row.rate_key.clone(),
+            wake: Wake::from_json(row.wake.clone()),
+        };
+        let (step, state) = (row.step.clone(), row.state.clone());
+        let wf = workflow.clone();
+        let began = Instant::now();
+        let user = tokio::spawn(async move { wf.step(&step, state, ctx).await });
+        let ended = CancellationToken::new();
+        lock(&sh.running).insert(
+            row.id,
+            Running {
+                token: row.token,
+                abort: user.abort_handle(),
+                ended: ended.clone(),
+            },
+        );
+        let _ended = ended.drop_guard();
+        let result = user.await;
+        sh.prefetch[&row.queue].ran(began.elapsed());
+        forget_running(&sh, &row);
+        if result.as_ref().is_err_and(|j| j.is_cancelled()) && !sh.shutdown.is_cancelled() {
+            // Stopped because this claim is no longer the node's (the row
+            // was rescued, or claimed here again): nothing to record.
+            forget_held(&sh, &row);
+            sh.successors(|s| s.release(&row));
+            return;
+        }
+        let cfg = &sh.ctx.cfg;
+        let mut outcome = match result {
+            Ok(Ok(t)) => OutcomeRow::from_transition(&row, cfg, Some(&*workflow), t),
+            Ok(Err(e)) => OutcomeRow::from_transition(
+                &row,
+                cfg,
+                Some(&*workflow),
+                Transition::Error {
+                    reason: e.to_string(),
+                    detail: Some(format!("{e:?}")),
+                },
+            ),
+            Err(j) if j.is_panic() => {
+                OutcomeRow::failure(&row, cfg, "panic", format!("panic: {}", panic_message(j)))
+            }
+            Err(_) => OutcomeRow::failure(
+                &row,
+                cfg,
+                "shutdown",
+                "aborted: the step did not finish within the shutdown timeout".into(),
+            ),
+        };
+        let next = if sh.shutdown.is_cancelled() || !sh.live.is_live() {
+            sh.successors(|s| s.release(&row));
+            None
+        } else {
+            // On record as held before it leaves the reservations, for
+            // `give_back_lost`.
+            sh.successors(|s| {
+                let next = s.next(&row);
+                if let Some(n) = &next {
+                    lock(&sh.holding).insert(n.id, n.token);
+                }
+                next
+            })
+        };
+        match next {
+            Some(next) => {
+                // A claim too: promoted in this outcome's call.
+                Stats::add(&sh.ctx.stats.claimed, 1);
+                let (promotion, promoted) = Promotion::new();
+                outcome.next = Some(next.id);
+                outcome.ntoken = Some(next.token - 1);
+                outcome.promotion = Some(Arc::new(promotion));
+                spawn_step(&sh, next, claim, Some(run), Some(promoted));
+            }
+            None => {
+                // The claim slot goes with the outcome: the call that records
+                // it claims into that slot (or hands the key over).
+                drop(run);
+                outcome.slot = Some(Arc::new(claim));
+            }
+        }
+        let _ = sh.outcomes.send(outcome);
+    });
+}
+
+/// The claim `row` is no longer held here.
+pub(super) fn forget_held(sh: &Shared, row: &Claimed) {
+    let mut holding = lock(&sh.holding);
+    if holding.get(&row.id) == Some(&row.token) {
+        holding.remove(&row.id);
+    }
+}
+
+/// A step of `row` is no longer running here.
+pub(super) fn forget_running(sh: &Shared, row: &Claimed) {
+    let mut running = lock(&sh.running);
+    if running.get(&row.id).is_some_and(|r| r.token == row.token) {
+        running.remove(&row.id);
+    }
+}
+
+/// A successor whose promotion did not happen (its predecessor's outcome
+/// was fenced: the predecessor's row was rescued or given back). It was
+/// never admitted and never started; its reservation, if the node still has
+/// it, goes back.
+pub(super) fn not_admitted(sh: &Shared, row: &Claimed) {
+    Stats::add(&sh.ctx.stats.not_admitted, 1);
+    tracing::warn!(
+        id = row.id,
+        "a successor was not admitted (its predecessor's outcome was fenced); it goes back"
+    );
+    forget_held(sh, row);
+    sh.successors(|s| {
+        s.release(row);
+        s.restore_dangling(vec![(row.id, row.token - 1)]);
+    });
+}

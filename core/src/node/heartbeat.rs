@@ -1,0 +1,119 @@
+//! Heartbeats: the node's row in `nodes`, renewed on a connection of its
+//! own, and what the node does after a gap in which it may have been
+//! presumed dead.
+
+use super::{lock, Backoff, Shared};
+use crate::context::Context;
+use crate::error::Result;
+use crate::stats::Stats;
+use crate::store::Beat;
+use std::collections::HashSet;
+use std::sync::atomic::Ordering::{Relaxed, SeqCst};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::task::AbortHandle;
+
+/// Record this node's heartbeat on `exec`. Returns how long ago its previous
+/// heartbeat was recorded (None: it had none, or its row was deleted as dead).
+pub(super) async fn beat<'e>(
+    ctx: &Context,
+    exec: impl sqlx::PgExecutor<'e>,
+) -> Result<Option<f64>> {
+    let beat = Beat {
+        node_id: &ctx.cfg.node_id,
+        hostname: &crate::config::hostname(),
+        queues: serde_json::to_value(&ctx.cfg.queues).unwrap_or_default(),
+        workflows: serde_json::to_value(&ctx.limits.workflows).unwrap_or_default(),
+        lease: ctx.cfg.lease.as_secs_f64(),
+    };
+    let (others, gap) = ctx.store.heartbeat(exec, &beat).await?;
+    ctx.others_alive.store(others > 0, Relaxed);
+    Ok(gap)
+}
+
+/// Heartbeats, on a connection of their own, so that nothing else the node
+/// does (maintenance, a pool busy with claims, a reconnect storm) holds them
+/// back. Failed ones are retried at once after a short pause. After a gap in
+/// which the node may have been presumed dead, its running steps whose rows
+/// were rescued meanwhile are stopped (their outcomes would be fenced anyway)
+/// and lost claims are looked for.
+pub(super) async fn heartbeats(sh: Arc<Shared>) {
+    let ctx = &sh.ctx;
+    let cfg = &ctx.cfg;
+    let mut conn: Option<sqlx::PgConnection> = None;
+    let mut retry = Backoff::new();
+    let mut last_ok = Instant::now();
+    loop {
+        let sent = Instant::now();
+        let beat = async {
+            if conn.is_none() {
+                let options = ctx.store.pool.connect_options();
+                conn = Some(sqlx::Connection::connect_with(&*options).await?);
+            }
+            let c = conn.as_mut().ok_or(sqlx::Error::PoolClosed)?;
+            beat(ctx, &mut *c).await
+        };
+        let limit = cfg.heartbeat_interval.max(Duration::from_secs(1));
+        let pause = match tokio::time::timeout(limit, beat).await {
+            Ok(Ok(gap)) => {
+                retry.reset();
+                let was_live = sh.live.renewed(sent);
+                let late = gap.map_or(true, |g| g >= cfg.lease.as_secs_f64())
+                    || sent - last_ok >= cfg.lease;
+                last_ok = sent;
+                if !was_live || late {
+                    tracing::warn!(
+                        "this node was not heartbeating for a lease or more; checking which of its steps are still its own"
+                    );
+                    sh.check_lost.store(true, SeqCst);
+                    if let Some(c) = conn.as_mut() {
+                        if let Err(e) = stop_lost_steps(&sh, c).await {
+                            tracing::warn!(error = %e, "checking this node's steps failed");
+                            conn = None;
+                        }
+                    }
+                }
+                cfg.heartbeat_interval
+            }
+            failed => {
+                match failed {
+                    Ok(Err(e)) => tracing::warn!(error = %e, "heartbeat failed"),
+                    _ => tracing::warn!("heartbeat timed out"),
+                }
+                conn = None;
+                retry.next().min(cfg.heartbeat_interval)
+            }
+        };
+        // Also while the node stops: its last outcomes are written under a
+        // live heartbeat (`Node::stop` ends this task after the writer).
+        tokio::time::sleep(pause).await;
+    }
+}
+
+/// Stop the running steps whose claim the database no longer holds for this
+/// node (rescued while the node was presumed dead).
+pub(super) async fn stop_lost_steps(sh: &Shared, conn: &mut sqlx::PgConnection) -> Result<()> {
+    let ctx = &sh.ctx;
+    let ours: HashSet<(i64, i64)> = ctx
+        .store
+        .held_by_node(&mut *conn, &ctx.cfg.node_id)
+        .await?
+        .iter()
+        .filter(|h| h.executing)
+        .map(|h| (h.row.id, h.row.token))
+        .collect();
+    let lost: Vec<(i64, AbortHandle)> = lock(&sh.running)
+        .iter()
+        .filter(|(id, r)| !ours.contains(&(**id, r.token)))
+        .map(|(id, r)| (*id, r.abort.clone()))
+        .collect();
+    for (id, abort) in lost {
+        tracing::warn!(
+            id,
+            "stopping a step whose row was rescued while this node was presumed dead"
+        );
+        Stats::add(&sh.ctx.stats.stopped, 1);
+        abort.abort();
+    }
+    Ok(())
+}

@@ -1,0 +1,52 @@
+//! The LISTEN task: wake-ups from inserts, outcomes and other nodes.
+
+use super::{Backoff, Shared};
+use sqlx::postgres::PgListener;
+use std::sync::Arc;
+
+/// LISTEN for wake-ups; after any reconnect every picker is woken, since
+/// notifications sent meanwhile are lost.
+pub(super) async fn listen(sh: Arc<Shared>) {
+    let mut retry = Backoff::new();
+    loop {
+        let connected = async {
+            let mut l = PgListener::connect_with(&sh.ctx.store.pool).await?;
+            l.listen(&sh.ctx.store.sql.channel).await?;
+            Ok::<_, sqlx::Error>(l)
+        }
+        .await;
+        let mut listener = match connected {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::debug!(error = %e, "LISTEN connection failed; polling meanwhile");
+                tokio::select! {
+                    _ = tokio::time::sleep(retry.next()) => continue,
+                    _ = sh.shutdown.cancelled() => return,
+                }
+            }
+        };
+        retry.reset();
+        sh.wake_all();
+        loop {
+            let received = tokio::select! {
+                r = listener.try_recv() => r,
+                _ = sh.shutdown.cancelled() => return,
+            };
+            match received {
+                Ok(Some(n)) if n.payload().is_empty() => sh.wake_all(),
+                Ok(Some(n)) if n.payload().starts_with('*') => {
+                    if n.payload()[1..] != sh.ctx.cfg.node_id {
+                        sh.wake_all();
+                    }
+                }
+                Ok(Some(n)) => {
+                    if let Some(w) = sh.wakes.get(n.payload()) {
+                        w.wake();
+                    }
+                }
+                Ok(None) => sh.wake_all(),
+                Err(_) => break,
+            }
+        }
+    }
+}

@@ -1,0 +1,106 @@
+//! The node's maintenance services, one per file, run in turn by one loop
+//! ([`maintain`]), each on its own cadence and bounded per pass.
+
+mod lost_claims;
+mod pruner;
+mod reaper;
+mod reconciler;
+mod stager;
+mod unparker;
+
+pub(crate) use pruner::prune;
+pub(crate) use reaper::reap;
+pub(crate) use reconciler::reconcile_gates;
+
+use super::Shared;
+use lost_claims::give_back_lost;
+use pruner::prune_batch;
+use reconciler::reconcile_gates_from;
+use stager::stage;
+use std::sync::atomic::Ordering::SeqCst;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use unparker::{park_by_workflow, unpark};
+
+/// Rows the stager moves per statement.
+const STAGE_BATCH: i64 = 10_000;
+/// Finished rows pruned per maintenance pass.
+const PRUNE_BATCH: i64 = 10_000;
+/// Gate keys the reconciler sweeps per maintenance pass.
+const RECONCILE_BATCH: i32 = 1000;
+/// Keys (and rate-limit keys) with parked rows the sweep looks at per pass.
+pub(in crate::node) const UNPARK_BATCH: i32 = 1000;
+/// Rows at the head of a queue looked at for workflows no live node runs,
+/// per batch, and batches per pass at most.
+const ORPHAN_BATCH: i32 = 1000;
+const ORPHAN_PASSES: usize = 10;
+/// Rows parked for their workflow taken back per (queue, workflow) per pass.
+const UNPARK_WORKFLOW_BATCH: i32 = 10_000;
+
+/// Stage due rows, rescue rows of dead nodes, give back lost claims,
+/// reconcile gates and prune, each on its own cadence and each bounded per
+/// pass. Failures are logged and retried next time.
+pub(super) async fn maintain(sh: Arc<Shared>) {
+    let ctx = &sh.ctx;
+    let cfg = &ctx.cfg;
+    let tick = cfg.poll_interval.min(cfg.heartbeat_interval);
+    let mut last_reap = Instant::now() - cfg.heartbeat_interval;
+    let mut last_gc = Instant::now();
+    let mut gates_after: Option<String> = None;
+    let mut parked_after: Option<String> = None;
+    let mut last_prune = Instant::now() - Duration::from_secs(3600);
+    loop {
+        let now = Instant::now();
+        if let Err(e) = stage(ctx).await {
+            tracing::debug!(error = %e, "staging failed");
+        }
+        if now - last_reap >= cfg.heartbeat_interval {
+            last_reap = now;
+            if let Err(e) = reap(ctx, None).await {
+                tracing::debug!(error = %e, "reaping failed");
+            }
+        }
+        if sh.live.is_live() {
+            if let Err(e) = park_by_workflow(&sh).await {
+                tracing::debug!(error = %e, "parking by workflow failed");
+            }
+        }
+        // Parked rows whose key has room (a race, a rescue, a repaired
+        // gate) or whose rate limit allows starts again.
+        match unpark(&sh, parked_after.as_deref(), true).await {
+            Ok((_, next)) => parked_after = next,
+            Err(e) => tracing::debug!(error = %e, "unparking failed"),
+        }
+        if sh.check_lost.swap(false, SeqCst) {
+            if let Err(e) = give_back_lost(&sh).await {
+                sh.check_lost.store(true, SeqCst);
+                tracing::debug!(error = %e, "checking for lost claims failed");
+            }
+        }
+        // A sweep over many gate keys goes on at the next tick.
+        if gates_after.is_some() || now - last_gc >= cfg.gc_interval {
+            if gates_after.is_none() {
+                last_gc = now;
+            }
+            match reconcile_gates_from(ctx, gates_after.as_deref()).await {
+                Ok((_, next)) => gates_after = next,
+                Err(e) => tracing::debug!(error = %e, "gate reconciliation failed"),
+            }
+        }
+        if now - last_prune >= Duration::from_secs(60) {
+            match prune_batch(ctx).await {
+                // A full batch: more to prune at the next tick.
+                Ok(n) if n >= PRUNE_BATCH as u64 => {}
+                Ok(_) => last_prune = now,
+                Err(e) => {
+                    last_prune = now;
+                    tracing::debug!(error = %e, "pruning failed");
+                }
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(tick) => {}
+            _ = sh.shutdown.cancelled() => return,
+        }
+    }
+}

@@ -1,0 +1,54 @@
+//! The unparker: parked rows whose key has room (a race, a rescue, a
+//! repaired gate) or whose rate limit allows starts again, and rows of
+//! workflows no live node runs parked and taken back.
+
+use super::{ORPHAN_BATCH, ORPHAN_PASSES, UNPARK_BATCH, UNPARK_WORKFLOW_BATCH};
+use crate::error::Result;
+use crate::node::Shared;
+use crate::stats::Stats;
+
+/// One bounded unparking pass (`sql/functions/unpark_sweep.sql`): keys with
+/// parked rows from the one after `after` (if `keys`), then rows parked for
+/// a rate limit that allows starts now. Returns the rows unparked and where
+/// the key sweep goes on (None: it reached the end).
+pub(super) async fn unpark(
+    sh: &Shared,
+    after: Option<&str>,
+    keys: bool,
+) -> Result<(u64, Option<String>)> {
+    let ctx = &sh.ctx;
+    let (n, next) = ctx
+        .store
+        .unpark_sweep(after, UNPARK_BATCH, keys, &ctx.limits)
+        .await?;
+    Stats::add(&ctx.stats.unparked, n);
+    Ok((n, next))
+}
+
+/// Rows a pick would step over because no live node runs their workflow:
+/// park those at the head of each of this node's queues (a batch, again
+/// while batches come back full, up to `ORPHAN_PASSES`), and take back the
+/// rows parked for the workflows this node runs
+/// (`sql/functions/park_orphans.sql`, `unpark_workflows.sql`). Returns the
+/// rows parked and unparked.
+pub(super) async fn park_by_workflow(sh: &Shared) -> Result<(u64, u64)> {
+    let ctx = &sh.ctx;
+    let lease = ctx.cfg.lease.as_secs_f64();
+    let mut parked = 0;
+    for queue in ctx.cfg.queues.keys() {
+        for _ in 0..ORPHAN_PASSES {
+            let n = ctx.store.park_orphans(queue, lease, ORPHAN_BATCH).await?;
+            parked += n;
+            if n < ORPHAN_BATCH as u64 {
+                break;
+            }
+        }
+    }
+    let queues: Vec<&String> = ctx.cfg.queues.keys().collect();
+    let n = ctx
+        .store
+        .unpark_workflows(&queues, &ctx.limits.workflows, UNPARK_WORKFLOW_BATCH)
+        .await?;
+    Stats::add(&ctx.stats.unparked, n);
+    Ok((parked, n))
+}

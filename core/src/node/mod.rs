@@ -1,0 +1,306 @@
+//! A running worker node: one picker per queue ([`picker`]), the steps it
+//! runs ([`executor`]), the outcome writer ([`completer`]), which records
+//! outcomes and claims again in one call ([`claims`]), the successors it
+//! starts without a round trip ([`successors`]), the LISTEN task
+//! ([`listener`]), heartbeats ([`heartbeat`]), the rate waker
+//! ([`rate_waker`]) and the maintenance services ([`maintenance`]). Inserts
+//! on this process start rows here through [`local`].
+
+mod claims;
+mod completer;
+mod executor;
+mod heartbeat;
+mod listener;
+mod liveness;
+pub(crate) mod local;
+pub(crate) mod maintenance;
+mod picker;
+mod prefetch;
+mod rate_waker;
+mod successors;
+
+use crate::context::Context;
+use crate::error::Result;
+use crate::outcome::OutcomeRow;
+use liveness::Liveness;
+use picker::QueueWake;
+use prefetch::{Prefetch, Smoothed};
+use std::collections::HashMap;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::{Duration, Instant};
+use successors::Successors;
+use tokio::sync::{mpsc, Notify, RwLock, Semaphore};
+use tokio::task::{AbortHandle, JoinHandle};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+pub(crate) struct Node {
+    shared: Arc<Shared>,
+    pickers: Vec<JoinHandle<()>>,
+    background: Vec<JoinHandle<()>>,
+    writer: JoinHandle<()>,
+    writer_stop: CancellationToken,
+}
+
+pub(crate) struct Shared {
+    ctx: Arc<Context>,
+    shutdown: CancellationToken,
+    wakes: HashMap<String, Arc<QueueWake>>,
+    /// Per queue: rows this node may hold claimed (concurrency + prefetch).
+    slots: HashMap<String, Arc<Semaphore>>,
+    /// Per queue: steps running at once (concurrency).
+    runs: HashMap<String, Arc<Semaphore>>,
+    /// Per queue: how many of the claim permits beyond the free running
+    /// slots to use now.
+    prefetch: HashMap<String, Prefetch>,
+    outcomes: mpsc::UnboundedSender<OutcomeRow>,
+    steps: TaskTracker,
+    running: StdMutex<HashMap<i64, Running>>,
+    successors: StdMutex<Successors>,
+    /// Wakes the writer when reserved rows are to be given back.
+    writer_wake: Notify,
+    /// Told of every claim of a rate-limited row (see `rate_waker`).
+    rate_claimed: Notify,
+    /// How long a handoff call takes, smoothed.
+    call_time: Smoothed,
+    /// Rows this node holds executing whose outcome is not written yet, by
+    /// id, with the token of the claim.
+    holding: StdMutex<HashMap<i64, i64>>,
+    /// Whether this node may start work (its heartbeat is recent).
+    live: Liveness,
+    /// Calls that may claim hold it shared until their rows are in
+    /// `holding`; the check for lost claims holds it alone.
+    claiming: RwLock<()>,
+    /// A claiming call failed (its commit may have happened without its
+    /// answer reaching us), or the node just started: check for lost claims.
+    check_lost: AtomicBool,
+}
+
+/// A step running here: its claim token, a handle to stop it, and a token
+/// cancelled once it has ended.
+struct Running {
+    token: i64,
+    abort: AbortHandle,
+    ended: CancellationToken,
+}
+
+impl Node {
+    pub async fn start(ctx: Arc<Context>) -> Result<Node> {
+        let cfg = &ctx.cfg;
+        let live = Liveness::new(cfg.lease.saturating_sub(cfg.heartbeat_interval));
+        let sent = Instant::now();
+        heartbeat::beat(&ctx, &ctx.store.pool).await?;
+        live.renewed(sent);
+        // Rows still held under this node's id belong to a process that
+        // ended (this one has claimed nothing yet): a crash is an attempt.
+        maintenance::reap(&ctx, Some(&cfg.node_id)).await?;
+        // Counters minted under limits configured differently take this
+        // node's before it claims anything.
+        if let Err(e) = maintenance::reconcile_gates(&ctx).await {
+            tracing::warn!(error = %e, "reconciling gate counters at start failed; the next pass retries");
+        }
+        let (tx, rx) = mpsc::unbounded_channel();
+        let shared = Arc::new(Shared {
+            rate_claimed: Notify::new(),
+            shutdown: CancellationToken::new(),
+            wakes: cfg
+                .queues
+                .keys()
+                .map(|q| (q.clone(), Arc::new(QueueWake::default())))
+                .collect(),
+            slots: cfg
+                .queues
+                .iter()
+                .map(|(q, &n)| {
+                    let claims = n + cfg.prefetch_for(n);
+                    (q.clone(), Arc::new(Semaphore::new(claims as usize)))
+                })
+                .collect(),
+            runs: cfg
+                .queues
+                .iter()
+                .map(|(q, &n)| (q.clone(), Arc::new(Semaphore::new(n as usize))))
+                .collect(),
+            prefetch: cfg
+                .queues
+                .iter()
+                .map(|(q, &n)| (q.clone(), Prefetch::new(cfg.prefetch_for(n))))
+                .collect(),
+            outcomes: tx,
+            steps: TaskTracker::new(),
+            running: StdMutex::new(HashMap::new()),
+            successors: StdMutex::new(Successors::default()),
+            writer_wake: Notify::new(),
+            call_time: Smoothed::default(),
+            holding: StdMutex::new(HashMap::new()),
+            live,
+            claiming: RwLock::new(()),
+            check_lost: AtomicBool::new(true),
+            ctx: ctx.clone(),
+        });
+        claims::warm_up(&shared).await;
+        let writer_stop = CancellationToken::new();
+        let writer = tokio::spawn(completer::write_outcomes(
+            shared.clone(),
+            rx,
+            writer_stop.clone(),
+        ));
+        let pickers = cfg
+            .queues
+            .keys()
+            .map(|q| {
+                let (sh, q) = (shared.clone(), q.clone());
+                supervised("picker", move || picker::picker(sh.clone(), q.clone()))
+            })
+            .collect();
+        let mut background = vec![
+            supervised("heartbeat", {
+                let sh = shared.clone();
+                move || heartbeat::heartbeats(sh.clone())
+            }),
+            supervised("listener", {
+                let sh = shared.clone();
+                move || listener::listen(sh.clone())
+            }),
+            supervised("maintenance", {
+                let sh = shared.clone();
+                move || maintenance::maintain(sh.clone())
+            }),
+        ];
+        if !cfg.rates.is_empty() {
+            let sh = shared.clone();
+            background.push(supervised("rate waker", move || {
+                rate_waker::rate_waker(sh.clone())
+            }));
+        }
+        Ok(Node {
+            shared,
+            pickers,
+            background,
+            writer,
+            writer_stop,
+        })
+    }
+
+    /// This node's state, for inserts that start rows here (see [`local`]).
+    pub fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    pub async fn stop(self) -> Result<()> {
+        let ctx = self.shared.ctx.clone();
+        let sh = &self.shared;
+        sh.shutdown.cancel();
+        for p in self.pickers {
+            let _ = p.await;
+        }
+        sh.steps.close();
+        let timeout = ctx.cfg.shutdown_timeout;
+        if tokio::time::timeout(timeout, sh.steps.wait())
+            .await
+            .is_err()
+        {
+            let running: Vec<AbortHandle> =
+                lock(&sh.running).drain().map(|(_, r)| r.abort).collect();
+            tracing::warn!(
+                steps = running.len(),
+                "shutdown timeout: aborting steps still running; they are recorded as errors"
+            );
+            for h in running {
+                h.abort();
+            }
+            sh.steps.wait().await;
+        }
+        self.writer_stop.cancel();
+        let _ = self.writer.await;
+        for b in self.background {
+            b.abort();
+            let _ = b.await;
+        }
+        // Without our node row, anything left executing here is rescued at once.
+        ctx.store.forget_node(&ctx.cfg.node_id).await
+    }
+}
+
+fn lock<T>(m: &StdMutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Run an engine task, restarting it if it panics (what it held, permits and
+/// connections, went back as it unwound). It ends when `task` returns.
+fn supervised<F, Fut>(name: &'static str, task: F) -> JoinHandle<()>
+where
+    F: Fn() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    use futures::FutureExt;
+    tokio::spawn(async move {
+        while let Err(panic) = std::panic::AssertUnwindSafe(task()).catch_unwind().await {
+            tracing::error!(task = name, panic = %payload_message(&*panic), "engine task panicked; restarting it");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+}
+
+impl Shared {
+    /// Update the successor bookkeeping; wakes the writer if rows are to be
+    /// given back.
+    fn successors<R>(&self, f: impl FnOnce(&mut Successors) -> R) -> R {
+        let mut s = lock(&self.successors);
+        let r = f(&mut s);
+        if s.has_dangling() {
+            self.writer_wake.notify_one();
+        }
+        r
+    }
+
+    /// Whether keyed rows claimed for `queue` should get successors reserved:
+    /// the queue has idle running slots its last pick could not fill, so its
+    /// keys, not the node, are the limit, and its steps last longer than a
+    /// handoff call, so a slot idle for one call is worth saving.
+    fn wants_successors(&self, queue: &str) -> bool {
+        self.wakes[queue].is_short()
+            && self.runs[queue].available_permits() > 0
+            && self.prefetch[queue].step_time() > self.call_time.get()
+    }
+
+    fn wake_all(&self) {
+        for w in self.wakes.values() {
+            w.wake();
+        }
+    }
+}
+
+fn panic_message(j: tokio::task::JoinError) -> String {
+    payload_message(&*j.into_panic())
+}
+
+fn payload_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic with a non-string payload".into()
+    }
+}
+
+/// Retry delays for a failing background statement: 50 ms doubling to 5 s.
+struct Backoff(Duration);
+
+impl Backoff {
+    fn new() -> Self {
+        Backoff(Duration::from_millis(50))
+    }
+
+    fn reset(&mut self) {
+        self.0 = Duration::from_millis(50);
+    }
+
+    fn next(&mut self) -> Duration {
+        let d = self.0;
+        self.0 = (self.0 * 2).min(Duration::from_secs(5));
+        d
+    }
+}

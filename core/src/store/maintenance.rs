@@ -1,0 +1,196 @@
+//! The statements of a node's background work: heartbeats, the stager, the
+//! reaper, unparking, the gate reconciler and pruning. Each is bounded per
+//! call; the loops that run them are in `node/`.
+
+use super::{Limits, Store};
+use crate::error::Result;
+use sqlx::Row;
+
+/// A node's heartbeat: who it is and what it serves.
+pub(crate) struct Beat<'a> {
+    pub node_id: &'a str,
+    pub hostname: &'a str,
+    pub queues: serde_json::Value,
+    pub workflows: serde_json::Value,
+    /// Nodes that heartbeated within this many seconds count as alive.
+    pub lease: f64,
+}
+
+impl Store {
+    /// Records a heartbeat on `exec`. Returns how many other nodes are alive
+    /// and how many seconds ago this node's previous heartbeat was recorded
+    /// (None: it had none, or its row was deleted as dead).
+    pub async fn heartbeat<'e>(
+        &self,
+        exec: impl sqlx::PgExecutor<'e>,
+        beat: &Beat<'_>,
+    ) -> Result<(i64, Option<f64>)> {
+        let row = sqlx::query(&self.sql.heartbeat)
+            .bind(beat.node_id)
+            .bind(beat.hostname)
+            .bind(std::process::id() as i32)
+            .bind(&beat.queues)
+            .bind(beat.lease)
+            .bind(&beat.workflows)
+            .fetch_one(exec)
+            .await?;
+        Ok((row.try_get(0)?, row.try_get(1)?))
+    }
+
+    /// A stopping node's row goes, and the rows it reserved go back.
+    pub async fn forget_node(&self, node_id: &str) -> Result<()> {
+        sqlx::query(&self.sql.forget_node)
+            .bind(node_id)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// Up to `batch` due scheduled rows and timed-out awaits made runnable.
+    pub async fn stage(&self, batch: i64) -> Result<u64> {
+        let row = sqlx::query(&self.sql.stage)
+            .bind(batch)
+            .bind(&self.sql.channel)
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(row.try_get::<i64, _>(0)? as u64)
+    }
+
+    /// Rescues the rows of nodes silent for `lease` seconds (or, with `own`,
+    /// every row that node id holds). Returns how many.
+    pub async fn reap(&self, lease: f64, own: Option<&str>) -> Result<u64> {
+        let row = sqlx::query(&self.sql.reap)
+            .bind(lease)
+            .bind(&self.sql.channel)
+            .bind(own)
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(row.try_get::<i64, _>(0)? as u64)
+    }
+
+    /// Forgets nodes silent for `secs` seconds that hold no executing row.
+    pub async fn forget_dead_nodes(&self, secs: f64) -> Result<()> {
+        sqlx::query(&self.sql.forget_dead_nodes)
+            .bind(secs)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// One bounded unparking pass (`sql/functions/unpark_sweep.sql`). Returns
+    /// the rows unparked and the last key swept (None: the sweep's end).
+    pub async fn unpark_sweep(
+        &self,
+        after: Option<&str>,
+        batch: i32,
+        keys: bool,
+        limits: &Limits,
+    ) -> Result<(u64, Option<String>)> {
+        let row = sqlx::query(&self.sql.unpark_sweep)
+            .bind(after)
+            .bind(batch)
+            .bind(keys)
+            .bind(&self.sql.channel)
+            .bind(&limits.gate_names)
+            .bind(&limits.gate_limits)
+            .bind(&limits.rate_names)
+            .bind(&limits.rate_intervals)
+            .bind(&limits.rate_tolerances)
+            .fetch_one(&self.pool)
+            .await?;
+        Ok((row.try_get::<i32, _>(0)? as u64, row.try_get(1)?))
+    }
+
+    /// One bounded pass over rate-limited parked rows
+    /// (`sql/functions/rate_sweep.sql`). Returns the rows unparked, the last
+    /// key swept (None: the end) and the seconds until a limit swept allows
+    /// a start beyond the rows waiting (None: not before a claim).
+    pub async fn rate_sweep(
+        &self,
+        after: Option<&str>,
+        batch: i32,
+        limits: &Limits,
+    ) -> Result<(u64, Option<String>, Option<f64>)> {
+        let row = sqlx::query(&self.sql.rate_sweep)
+            .bind(after)
+            .bind(batch)
+            .bind(&self.sql.channel)
+            .bind(&limits.rate_names)
+            .bind(&limits.rate_intervals)
+            .bind(&limits.rate_tolerances)
+            .fetch_one(&self.pool)
+            .await?;
+        Ok((
+            row.try_get::<i32, _>(0)? as u64,
+            row.try_get(1)?,
+            row.try_get(2)?,
+        ))
+    }
+
+    /// Parks rows of workflows no live node runs among the first `batch`
+    /// rows of `queue`. Returns how many.
+    pub async fn park_orphans(&self, queue: &str, lease: f64, batch: i32) -> Result<u64> {
+        let n: i32 = sqlx::query_scalar(&self.sql.park_orphans)
+            .bind(queue)
+            .bind(lease)
+            .bind(batch)
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(n as u64)
+    }
+
+    /// Unparks up to `batch` rows of each of `workflows` in each of `queues`.
+    pub async fn unpark_workflows(
+        &self,
+        queues: &[&String],
+        workflows: &[String],
+        batch: i32,
+    ) -> Result<u64> {
+        let n: i32 = sqlx::query_scalar(&self.sql.unpark_workflows)
+            .bind(queues)
+            .bind(workflows)
+            .bind(batch)
+            .bind(&self.sql.channel)
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(n as u64)
+    }
+
+    /// One bounded reconciler pass from the gate key after `after`. Returns
+    /// the counters changed and the last key swept (None: the end).
+    pub async fn reconcile(
+        &self,
+        after: Option<&str>,
+        batch: i32,
+        limits: &Limits,
+    ) -> Result<(u64, Option<String>)> {
+        let row = sqlx::query(&self.sql.reconcile)
+            .bind(after)
+            .bind(batch)
+            .bind(&limits.gate_names)
+            .bind(&limits.gate_limits)
+            .bind(&limits.gate_shards)
+            .bind(&self.sql.channel)
+            .fetch_one(&self.pool)
+            .await?;
+        Ok((row.try_get::<i32, _>(0)? as u64, row.try_get(1)?))
+    }
+
+    /// Deletes rate-limit state idle for a minute.
+    pub async fn prune_rates(&self) -> Result<()> {
+        sqlx::query(&self.sql.prune_rates)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// Deletes up to `batch` rows final for longer than `retention` seconds.
+    pub async fn prune(&self, retention: f64, batch: i64) -> Result<u64> {
+        Ok(sqlx::query(&self.sql.prune)
+            .bind(retention)
+            .bind(batch)
+            .execute(&self.pool)
+            .await?
+            .rows_affected())
+    }
+}
