@@ -34,8 +34,9 @@
 //! - **pick**: the database function that chooses runnable rows in order
 //!   (priority, schedule, id) and admits each through its concurrency key,
 //!   gate and rate limit.
-//! - **handoff**: the claim path's one call: record outcomes, promote and hand
-//!   over, credit what is left, pick; one round trip, one commit.
+//! - **handoff**: the claim path's one call (the SQL function `handoff`,
+//!   called by the node's `record_and_claim`): record outcomes, promote and
+//!   hand over, credit what is left, pick; one round trip, one commit.
 //! - **outcome**: what a step's transition does to its row, written by the
 //!   node that ran it.
 //! - **gate**: a concurrency-key name with a limit K > 1, its slots kept as
@@ -46,6 +47,8 @@
 //!   key, reserved for the node that holds the key; it starts once the call
 //!   recording its predecessor's outcome has promoted it into the freed slot.
 //! - **credit**: a freed gate slot nobody took over, returned to its counter.
+//! - **release**: a claimed row the node will not start goes back, runnable,
+//!   through the same call as an outcome.
 //! - **parked**: an available row kept out of the pick's index because its
 //!   key, its rate limit or its workflow cannot run it now; **unparked** in
 //!   the key's order when it can.

@@ -113,10 +113,8 @@ pub(super) async fn record_and_claim(
 ///
 /// Only what the start needs: a connection per picker and one for the
 /// outcome writer. A second writer call (for large batches) or a busy moment
-/// opens more, and each pays its first call when it comes. Warming two more
-/// up front held every start back by their CPU (75-120 ms before the first
-/// step on two cores, against about 35 ms now) and made W1, W2 and W3 slower
-/// by 1-5 % in alternating runs.
+/// opens more, and each pays its first call when it comes: warming more up
+/// front delays every start by their CPU (docs/performance.md).
 pub(super) async fn warm_up(sh: &Shared) {
     let pool = &sh.ctx.store.pool;
     let n = (sh.wakes.len() + 1).min(pool.options().get_max_connections() as usize);

@@ -2,7 +2,7 @@
 //! claims the next rows into the slots they free.
 
 use super::claims::record_and_claim;
-use super::executor::hand_back;
+use super::executor::release_unstarted;
 use super::picker::{start_claimed, QueueWake};
 use super::{lock, payload_message, Backoff, Shared};
 use crate::error::Result;
@@ -229,7 +229,7 @@ pub(super) async fn write_and_claim(
             rows = claimed.len(),
             "a call claimed rows for a queue it did not ask for; giving them back"
         );
-        hand_back(sh, claimed);
+        release_unstarted(sh, claimed);
     }
     Ok(())
 }

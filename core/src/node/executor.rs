@@ -11,7 +11,10 @@ use std::time::Instant;
 use tokio::sync::{oneshot, OwnedSemaphorePermit};
 use tokio_util::sync::CancellationToken;
 
-pub(super) fn hand_back(sh: &Shared, rows: Vec<Claimed>) {
+/// Rows claimed here that will not start (stopping, no slot, not this
+/// node's): released in the next outcome call, as outcomes that change
+/// nothing but the claim, and fenced like any outcome.
+pub(super) fn release_unstarted(sh: &Shared, rows: Vec<Claimed>) {
     Stats::add(&sh.ctx.stats.released, rows.len() as u64);
     sh.successors(|s| rows.iter().for_each(|r| s.release(r)));
     for row in rows {
@@ -34,7 +37,7 @@ pub(super) fn spawn_step(
 ) {
     let Some(workflow) = sh.ctx.workflows.get(&row.workflow).cloned() else {
         // The pick only claims workflows this node knows.
-        hand_back(sh, vec![row]);
+        release_unstarted(sh, vec![row]);
         return;
     };
     let sh2 = sh.clone();
@@ -65,7 +68,7 @@ pub(super) fn spawn_step(
         // may run elsewhere already.
         let Some(run) = run.filter(|_| sh.live.is_live()) else {
             drop(claim);
-            hand_back(&sh, vec![row]);
+            release_unstarted(&sh, vec![row]);
             return;
         };
         // Never two runs of one instance here: a run still going on an

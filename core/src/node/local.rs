@@ -1,7 +1,7 @@
 //! Rows an insert on this process claims for this node start here at once,
 //! without a wake-up and a pick (see `Engine::insert_many`).
 
-use super::executor::{hand_back, spawn_step};
+use super::executor::{release_unstarted, spawn_step};
 use super::{lock, Shared};
 use crate::outcome::Claimed;
 use crate::stats::Stats;
@@ -61,6 +61,6 @@ pub(crate) fn start_inserted(
             rows = extra.len(),
             "an insert claimed more rows than it had slots for; giving them back"
         );
-        hand_back(sh, extra);
+        release_unstarted(sh, extra);
     }
 }

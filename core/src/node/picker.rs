@@ -1,7 +1,7 @@
 //! The picker of a queue: claims rows while the node has room for them.
 
 use super::claims::record_and_claim;
-use super::executor::{hand_back, spawn_step};
+use super::executor::{release_unstarted, spawn_step};
 use super::{Backoff, Shared};
 use crate::error::Result;
 use crate::outcome::Claimed;
@@ -115,7 +115,7 @@ pub(super) fn start_claimed(
     mut permits: OwnedSemaphorePermit,
 ) {
     if sh.shutdown.is_cancelled() {
-        hand_back(sh, rows);
+        release_unstarted(sh, rows);
         return;
     }
     let mut extra = Vec::new();
@@ -130,7 +130,7 @@ pub(super) fn start_claimed(
             rows = extra.len(),
             "a call claimed more rows than it had slots for; giving them back"
         );
-        hand_back(sh, extra);
+        release_unstarted(sh, extra);
     }
 }
 
