@@ -6,22 +6,31 @@
 //! gates and rate limits are enforced by the database in the claim itself.
 //! See the crate README and `docs/` for the guarantees.
 //!
-//! ```no_run
+//! ```
 //! use gendurable::{Engine, NewInstance, Transition};
 //! use serde_json::json;
 //!
-//! # async fn run() -> gendurable::Result<()> {
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let pg = gendurable_testing::TempPostgres::start().await?;
+//! # let url = pg.url();
+//! # let (ran, mut charged) = tokio::sync::mpsc::unbounded_channel();
 //! let engine = Engine::builder()
-//!     .url("postgres://localhost/app")
+//!     .url(&url) // e.g. "postgres://localhost/app"
 //!     .queue("default", 20)
-//!     .workflow_fn("Charge", |_step, state, _ctx| async move { Ok(Transition::done(state)) })
+//!     .workflow_fn("Charge", move |_step, state, _ctx| {
+//! #       let _ = ran.send(());
+//!         async move { Ok(Transition::done(state)) }
+//!     })
 //!     .start()
 //!     .await?;
 //! // At most one step of account 7's instances runs at a time, cluster-wide.
 //! engine
 //!     .insert(NewInstance::new("Charge", json!({"cents": 500})).concurrency_key("acct:7"))
 //!     .await?;
-//! engine.shutdown().await
+//! # charged.recv().await;
+//! engine.shutdown().await?;
+//! # Ok(())
 //! # }
 //! ```
 //!
