@@ -1,11 +1,14 @@
 //! The schema as the migrations and functions build it, compared with the
 //! committed dump `sql/schema.sql`: a change to the SQL shows in review as a
 //! change to that file, and the file cannot drift from what the engine
-//! installs. After changing the SQL, rewrite the dump with
+//! installs. Function bodies appear there as a hash of the installed source
+//! (the source itself is in `sql/functions/`, once). After changing the
+//! SQL, rewrite the dump with
 //! `GENDURABLE_UPDATE_SCHEMA=1 cargo test -p gendurable --test schema`.
 
 mod support;
 
+use std::collections::HashMap;
 use std::path::Path;
 use std::process::Command;
 
@@ -17,6 +20,16 @@ async fn the_committed_schema_dump_matches_what_the_engine_installs() {
     let schema = support::schema("dump");
     let engine = support::builder(&url, &schema).build().await.unwrap();
     engine.shutdown().await.unwrap();
+    let bodies: HashMap<String, String> = sqlx::query_as(
+        "SELECT p.proname::text, md5(p.prosrc) FROM pg_proc p
+         JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = $1",
+    )
+    .bind(&schema)
+    .fetch_all(engine.pool())
+    .await
+    .unwrap()
+    .into_iter()
+    .collect();
 
     let bin = gendurable_testing::find_bin_dir().expect("PostgreSQL programs");
     let out = Command::new(bin.join("pg_dump"))
@@ -31,7 +44,7 @@ async fn the_committed_schema_dump_matches_what_the_engine_installs() {
         "pg_dump failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let dump = normalise(&String::from_utf8_lossy(&out.stdout), &schema);
+    let dump = normalise(&String::from_utf8_lossy(&out.stdout), &schema, &bodies);
 
     if std::env::var_os("GENDURABLE_UPDATE_SCHEMA").is_some() {
         std::fs::write(DUMP, &dump).unwrap();
@@ -56,12 +69,23 @@ async fn the_committed_schema_dump_matches_what_the_engine_installs() {
 }
 
 /// The dump without what varies between runs and PostgreSQL builds (its
-/// comments, session settings, the test's schema name) and with runs of
+/// comments, session settings, the test's schema name), with each function's
+/// body replaced by the hash of its source in `bodies`, and with runs of
 /// blank lines folded.
-fn normalise(dump: &str, schema: &str) -> String {
+fn normalise(dump: &str, schema: &str, bodies: &HashMap<String, String>) -> String {
     let mut out = String::new();
     let mut blank = true;
+    let mut function: Option<String> = None;
+    // The dollar quote closing the body being skipped.
+    let mut closing: Option<String> = None;
     for line in dump.lines() {
+        if let Some(end) = &closing {
+            if line.starts_with(end.as_str()) {
+                closing = None;
+                out.push_str(";\n");
+            }
+            continue;
+        }
         let skip = line.starts_with("--")
             || line.starts_with("SET ")
             || line.starts_with("SELECT pg_catalog.set_config")
@@ -71,6 +95,20 @@ fn normalise(dump: &str, schema: &str) -> String {
             continue;
         }
         let line = line.replace(schema, "gendurable");
+        if let Some(name) = line
+            .strip_prefix("CREATE FUNCTION gendurable.")
+            .and_then(|rest| rest.split('(').next())
+        {
+            function = Some(name.to_owned());
+        }
+        if let (Some(tag), Some(name)) = (line.trim().strip_prefix("AS "), &function) {
+            let hash = bodies.get(name).map_or("?", String::as_str);
+            out.push_str(&format!("    AS -- sql/functions/{name}.sql, source md5 {hash}\n"));
+            closing = Some(tag.to_owned());
+            function = None;
+            blank = false;
+            continue;
+        }
         if line.trim().is_empty() {
             if !blank {
                 out.push('\n');
