@@ -546,8 +546,11 @@ async fn successors_take_over_freed_slots() {
     .await
     .unwrap();
     assert_eq!(left, 0, "nothing stays reserved");
-    let gate = &engine.status().await.unwrap().gates[0];
-    assert_eq!((gate.in_flight, gate.available), (0, 1));
+    // The key's counter is whole again, or already deleted as idle by the
+    // reconciler (it runs every 500 ms here).
+    if let Some(gate) = engine.status().await.unwrap().gates.first() {
+        assert_eq!((gate.in_flight, gate.available), (0, 1));
+    }
     engine.shutdown().await.unwrap();
 }
 
