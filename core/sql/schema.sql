@@ -106,11 +106,11 @@ CREATE FUNCTION gendurable.unpark_keys(keys text[], gate_names text[], gate_limi
     AS -- sql/functions/unpark_keys.sql, source md5 1fa47ed447a68b21f4d3067d203a3776
 ;
 
-CREATE FUNCTION gendurable.unpark_sweep(after text, lim integer, keys boolean, channel text, gate_names text[], gate_limits integer[], rate_names text[], rate_intervals double precision[], rate_tolerances double precision[], OUT unparked integer, OUT last_key text) RETURNS record
+CREATE FUNCTION gendurable.unpark_sweep(after text, lim integer, channel text, gate_names text[], gate_limits integer[], OUT unparked integer, OUT last_key text) RETURNS record
     LANGUAGE plpgsql
     SET search_path TO 'gendurable'
     SET jit TO 'off'
-    AS -- sql/functions/unpark_sweep.sql, source md5 739114e9e76a5e1f62a29987b8ae2193
+    AS -- sql/functions/unpark_sweep.sql, source md5 f9508c5b485111386a1ccb108cbb8f04
 ;
 
 CREATE FUNCTION gendurable.unpark_workflows(queues text[], workflows text[], lim integer, channel text) RETURNS integer

@@ -103,7 +103,9 @@ fn normalise(dump: &str, schema: &str, bodies: &HashMap<String, String>) -> Stri
         }
         if let (Some(tag), Some(name)) = (line.trim().strip_prefix("AS "), &function) {
             let hash = bodies.get(name).map_or("?", String::as_str);
-            out.push_str(&format!("    AS -- sql/functions/{name}.sql, source md5 {hash}\n"));
+            out.push_str(&format!(
+                "    AS -- sql/functions/{name}.sql, source md5 {hash}\n"
+            ));
             closing = Some(tag.to_owned());
             function = None;
             blank = false;

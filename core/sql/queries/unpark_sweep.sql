@@ -1,1 +1,1 @@
-SELECT unparked, last_key FROM __S__.unpark_sweep($1, $2, $3, $4, $5, $6, $7, $8, $9)
+SELECT unparked, last_key FROM __S__.unpark_sweep($1, $2, $3, $4, $5)

@@ -77,25 +77,21 @@ impl Store {
         Ok(())
     }
 
-    /// One bounded unparking pass (`sql/functions/unpark_sweep.sql`). Returns
-    /// the rows unparked and the last key swept (None: the sweep's end).
+    /// One bounded pass over keys with parked rows
+    /// (`sql/functions/unpark_sweep.sql`). Returns the rows unparked and the
+    /// last key swept (None: the sweep's end).
     pub async fn unpark_sweep(
         &self,
         after: Option<&str>,
         batch: i32,
-        keys: bool,
         limits: &Limits,
     ) -> Result<(u64, Option<String>)> {
         let row = sqlx::query(&self.sql.unpark_sweep)
             .bind(after)
             .bind(batch)
-            .bind(keys)
             .bind(&self.sql.channel)
             .bind(&limits.gate_names)
             .bind(&limits.gate_limits)
-            .bind(&limits.rate_names)
-            .bind(&limits.rate_intervals)
-            .bind(&limits.rate_tolerances)
             .fetch_one(&self.pool)
             .await?;
         Ok((row.try_get::<i32, _>(0)? as u64, row.try_get(1)?))

@@ -20,7 +20,7 @@ use stager::stage;
 use std::sync::atomic::Ordering::SeqCst;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use unparker::{park_by_workflow, unpark};
+use unparker::{park_by_workflow, unpark_keys, unpark_rates};
 
 /// Rows the stager moves per statement.
 const STAGE_BATCH: i64 = 10_000;
@@ -65,11 +65,16 @@ pub(super) async fn maintain(sh: Arc<Shared>) {
                 tracing::debug!(error = %e, "parking by workflow failed");
             }
         }
-        // Parked rows whose key has room (a race, a rescue, a repaired
-        // gate) or whose rate limit allows starts again.
-        match unpark(&sh, parked_after.as_deref(), true).await {
+        // Parked rows whose key has room (a race, a rescue, a repaired gate).
+        match unpark_keys(&sh, parked_after.as_deref()).await {
             Ok((_, next)) => parked_after = next,
             Err(e) => tracing::debug!(error = %e, "unparking failed"),
+        }
+        // With rate limits configured, the rate waker does this.
+        if cfg.rates.is_empty() {
+            if let Err(e) = unpark_rates(&sh).await {
+                tracing::debug!(error = %e, "unparking rate-limited rows failed");
+            }
         }
         if sh.check_lost.swap(false, SeqCst) {
             if let Err(e) = give_back_lost(&sh).await {

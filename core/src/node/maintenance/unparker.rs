@@ -1,28 +1,37 @@
 //! The unparker: parked rows whose key has room (a race, a rescue, a
-//! repaired gate) or whose rate limit allows starts again, and rows of
-//! workflows no live node runs parked and taken back.
+//! repaired gate), rate-limited rows on a node without a rate waker, and
+//! rows of workflows no live node runs parked and taken back.
 
 use super::{ORPHAN_BATCH, ORPHAN_PASSES, UNPARK_BATCH, UNPARK_WORKFLOW_BATCH};
 use crate::error::Result;
 use crate::node::Shared;
 use crate::stats::Stats;
 
-/// One bounded unparking pass (`sql/functions/unpark_sweep.sql`): keys with
-/// parked rows from the one after `after` (if `keys`), then rows parked for
-/// a rate limit that allows starts now. Returns the rows unparked and where
-/// the key sweep goes on (None: it reached the end).
-pub(super) async fn unpark(
-    sh: &Shared,
-    after: Option<&str>,
-    keys: bool,
-) -> Result<(u64, Option<String>)> {
+/// One bounded pass over keys with parked rows from the one after `after`,
+/// each unparked as far as it has room (a race, a rescue, a repaired gate
+/// left it room). Returns the rows unparked and where the sweep goes on
+/// (None: it reached the end).
+pub(super) async fn unpark_keys(sh: &Shared, after: Option<&str>) -> Result<(u64, Option<String>)> {
     let ctx = &sh.ctx;
     let (n, next) = ctx
         .store
-        .unpark_sweep(after, UNPARK_BATCH, keys, &ctx.limits)
+        .unpark_sweep(after, UNPARK_BATCH, &ctx.limits)
         .await?;
     Stats::add(&ctx.stats.unparked, n);
     Ok((n, next))
+}
+
+/// Rate-limited rows, as far as their limits allow starts now, on a node
+/// without a rate waker (no rate limit configured: rows parked under a name
+/// no longer configured go back). One bounded pass from the first key.
+pub(super) async fn unpark_rates(sh: &Shared) -> Result<u64> {
+    let ctx = &sh.ctx;
+    let (n, _, _) = ctx
+        .store
+        .rate_sweep(None, UNPARK_BATCH, &ctx.limits)
+        .await?;
+    Stats::add(&ctx.stats.unparked, n);
+    Ok(n)
 }
 
 /// Rows a pick would step over because no live node runs their workflow:
