@@ -74,6 +74,7 @@ mod engine;
 mod error;
 mod instance;
 mod node;
+pub mod options;
 mod outcome;
 mod stats;
 mod store;
@@ -93,6 +94,7 @@ pub use gendurable_bulkhead as bulkhead;
 pub use instance::{
     Instance, NewInstance, Status, DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, DEFAULT_STEP,
 };
+pub use options::{EngineOptions, InsertOptions};
 pub use stats::{Latencies, Stats, StatsSnapshot};
 pub use transition::{AwaitOn, ConcurrencyKey, KeyChange, NextOptions, Transition, Wake};
 pub use workflow::{BoxError, FnWorkflow, StepContext, StepResult, Workflow};
