@@ -3,7 +3,9 @@
 //! core. Status is read-only: a schema that does not exist is reported, not
 //! created.
 
-use crate::{atoms, core_error, error_term, reply, spawn_reply, Reply};
+use crate::atoms;
+use crate::errors::{core_error, error_term};
+use crate::runtime::{reply, spawn_reply, Reply};
 use gendurable::{Engine, GateConfig};
 use rustler::{Encoder, Env, Term};
 use std::time::Duration;

@@ -23,7 +23,8 @@
 
 use crate::atoms;
 use crate::convert::{json_is_small, json_to_term, term_is_small, term_to_json};
-use crate::{lock, runtime};
+use crate::engine::EngineRes;
+use crate::runtime::{lock, runtime};
 use gendurable::{
     AwaitOn, ConcurrencyKey, KeyChange, NextOptions, StepContext, StepResult, Transition, Wake,
     Workflow,
@@ -318,7 +319,7 @@ impl Drop for CancelOnDrop {
 
 /// Registers the calling process as the engine's dispatcher.
 #[rustler::nif]
-fn dispatcher_register(env: Env, res: ResourceArc<crate::EngineRes>) -> Atom {
+fn dispatcher_register(env: Env, res: ResourceArc<EngineRes>) -> Atom {
     res.tree.dispatcher.register(env.pid());
     atoms::ok()
 }
@@ -326,7 +327,7 @@ fn dispatcher_register(env: Env, res: ResourceArc<crate::EngineRes>) -> Atom {
 /// The calling dispatcher stops for good: steps no process took yet are
 /// snoozed rather than sent.
 #[rustler::nif]
-fn dispatcher_close(env: Env, res: ResourceArc<crate::EngineRes>) -> Atom {
+fn dispatcher_close(env: Env, res: ResourceArc<EngineRes>) -> Atom {
     res.tree.dispatcher.close(env.pid());
     atoms::ok()
 }

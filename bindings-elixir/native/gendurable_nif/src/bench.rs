@@ -1,0 +1,73 @@
+//! The benchmark's baseline (`bench/noop.exs`): the same no-op workload run
+//! by pure Rust workers, in the same NIF, on the same engine code.
+
+use crate::atoms;
+use crate::errors::core_error;
+use crate::runtime::{ok_reply, spawn_reply};
+use gendurable::{Engine, NewInstance, Transition};
+use rustler::{Atom, Env, Term};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Runs `n` no-op one-step instances of a Rust workflow with a queue of
+/// `concurrency` on `schema`. Replies `{:ok, {insert_seconds, run_seconds}}`.
+#[rustler::nif]
+fn bench_rust_noop<'a>(
+    env: Env<'a>,
+    url: String,
+    schema: String,
+    n: usize,
+    concurrency: u32,
+    reply_ref: Term<'a>,
+) -> Atom {
+    spawn_reply(env, reply_ref, async move {
+        match bench(url, schema, n, concurrency).await {
+            Ok(r) => ok_reply(r),
+            Err(e) => core_error(e),
+        }
+    });
+    atoms::ok()
+}
+
+async fn bench(
+    url: String,
+    schema: String,
+    n: usize,
+    concurrency: u32,
+) -> gendurable::Result<(f64, f64)> {
+    let done = Arc::new(AtomicUsize::new(0));
+    let notify = Arc::new(tokio::sync::Notify::new());
+    let (d, w) = (done.clone(), notify.clone());
+    let engine = Engine::builder()
+        .url(url)
+        .schema(schema)
+        .queue("default", concurrency)
+        .workflow_fn("Bench.RustNoop", move |_step, state, _ctx| {
+            let (d, w) = (d.clone(), w.clone());
+            async move {
+                if d.fetch_add(1, Ordering::Relaxed) + 1 >= n {
+                    w.notify_one();
+                }
+                Ok(Transition::done(state))
+            }
+        })
+        .build()
+        .await?;
+    let t0 = Instant::now();
+    for chunk in (0..n).collect::<Vec<_>>().chunks(5000) {
+        let news = chunk
+            .iter()
+            .map(|_| NewInstance::new("Bench.RustNoop", serde_json::json!({})))
+            .collect();
+        engine.insert_many(news).await?;
+    }
+    let inserted = t0.elapsed().as_secs_f64();
+    let t1 = Instant::now();
+    engine.start().await?;
+    while done.load(Ordering::Relaxed) < n {
+        let _ = tokio::time::timeout(Duration::from_millis(100), notify.notified()).await;
+    }
+    engine.shutdown().await?;
+    Ok((inserted, t1.elapsed().as_secs_f64()))
+}

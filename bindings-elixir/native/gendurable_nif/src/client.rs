@@ -1,0 +1,265 @@
+//! Client calls: insert, get, signal, cancel. Each runs on the runtime with
+//! the tree's engine and answers with a message; values a user gives (a
+//! state, a payload) become JSON first, on a dirty scheduler.
+
+use crate::atoms;
+use crate::convert::{json_to_term, term_to_json};
+use crate::engine::{field, spawn_call, EngineRes};
+use crate::errors::{core_error, input_error};
+use crate::runtime::{lock, ok_reply, reply};
+use gendurable::{Cancelled, Instance, NewInstance};
+use rustler::{Atom, Encoder, Env, ResourceArc, Term};
+use std::sync::Mutex;
+use std::time::Duration;
+
+fn decode_new(term: Term) -> Result<NewInstance, (String, String)> {
+    let f = |k: &str| (k.to_string(), format!("{k} has the wrong type"));
+    let workflow: String = field(term, "workflow").map_err(|_| f("workflow"))?;
+    let state = term_to_json(term.map_get(atoms::state()).map_err(|_| f("state"))?)
+        .map_err(|e| ("state".to_string(), format!("invalid state: not JSON: {e}")))?;
+    let mut new = NewInstance::new(workflow, state);
+    if let Some(s) = field::<Option<String>>(term, "step").map_err(|_| f("step"))? {
+        new = new.step(s);
+    }
+    if let Some(q) = field::<Option<String>>(term, "queue").map_err(|_| f("queue"))? {
+        new = new.queue(q);
+    }
+    if let Some(p) = field::<Option<i16>>(term, "priority").map_err(|_| f("priority"))? {
+        new = new.priority(p);
+    }
+    if let Some(k) =
+        field::<Option<String>>(term, "concurrency_key").map_err(|_| f("concurrency_key"))?
+    {
+        new = new.concurrency_key(k);
+    }
+    if let Some(r) = field::<Option<String>>(term, "rate_limit").map_err(|_| f("rate_limit"))? {
+        new = new.rate_limit(r);
+    }
+    if let Some(d) = field::<Option<u64>>(term, "schedule_in").map_err(|_| f("schedule_in"))? {
+        new = new.schedule_in(Duration::from_millis(d));
+    }
+    if let Some(us) = field::<Option<i64>>(term, "scheduled_at").map_err(|_| f("scheduled_at"))? {
+        let at = chrono::DateTime::from_timestamp_micros(us).ok_or_else(|| {
+            (
+                "scheduled_at".to_string(),
+                "invalid scheduled_at: out of range".to_string(),
+            )
+        })?;
+        new = new.scheduled_at(at);
+    }
+    if let Some(m) = field::<Option<i32>>(term, "max_attempts").map_err(|_| f("max_attempts"))? {
+        new = new.max_attempts(m);
+    }
+    Ok(new)
+}
+
+/// Inserts instances (maps with every option key present, `nil` when
+/// unset). Replies `{:ok, [id]}`. Converting large states is CPU work, so
+/// this runs on a dirty CPU scheduler.
+#[rustler::nif(schedule = "DirtyCpu")]
+fn insert_many<'a>(
+    env: Env<'a>,
+    res: ResourceArc<EngineRes>,
+    news: Vec<Term<'a>>,
+    reply_ref: Term<'a>,
+) -> Term<'a> {
+    let mut batch = Vec::with_capacity(news.len());
+    let n = news.len();
+    for (i, t) in news.into_iter().enumerate() {
+        match decode_new(t) {
+            Ok(new) => batch.push(new),
+            Err((f, mut m)) => {
+                if n > 1 {
+                    m = format!("{m} (instance {i} of {n}; nothing was inserted)");
+                }
+                return input_error(env, &f, m);
+            }
+        }
+    }
+    spawn_call(env, &res, reply_ref, |engine| async move {
+        match engine.insert_many(batch).await {
+            Ok(ids) => ok_reply(ids),
+            Err(e) => core_error(e),
+        }
+    });
+    atoms::ok().encode(env)
+}
+
+/// An instance read by `get/3`, converted by `instance_term/1`.
+pub struct InstanceRes {
+    instance: Mutex<Option<Instance>>,
+}
+
+#[rustler::resource_impl]
+impl rustler::Resource for InstanceRes {}
+
+fn instance_to_term<'a>(env: Env<'a>, i: &Instance) -> Term<'a> {
+    let us = |t: &chrono::DateTime<chrono::Utc>| t.timestamp_micros();
+    let errors: Vec<Term> = i.errors.iter().map(|e| json_to_term(env, e)).collect();
+    let pairs: Vec<(Term, Term)> = vec![
+        (
+            atoms::struct_().encode(env),
+            Atom::from_str(env, "Elixir.GenDurable.Instance")
+                .unwrap()
+                .encode(env),
+        ),
+        (atoms::id().encode(env), i.id.encode(env)),
+        (atoms::workflow().encode(env), i.workflow.encode(env)),
+        (atoms::step().encode(env), i.step.encode(env)),
+        (atoms::state().encode(env), json_to_term(env, &i.state)),
+        (atoms::queue().encode(env), i.queue.encode(env)),
+        (atoms::priority().encode(env), i.priority.encode(env)),
+        (
+            atoms::status().encode(env),
+            Atom::from_str(env, i.status.as_str()).unwrap().encode(env),
+        ),
+        (
+            atoms::concurrency_key().encode(env),
+            i.concurrency_key.encode(env),
+        ),
+        (atoms::rate_limit().encode(env), i.rate_limit.encode(env)),
+        (atoms::attempt().encode(env), i.attempt.encode(env)),
+        (
+            atoms::max_attempts().encode(env),
+            i.max_attempts.encode(env),
+        ),
+        (atoms::node().encode(env), i.node.encode(env)),
+        (
+            atoms::cancel_requested().encode(env),
+            i.cancel_requested.encode(env),
+        ),
+        (
+            atoms::await_signal().encode(env),
+            i.await_signal.encode(env),
+        ),
+        (
+            atoms::await_until().encode(env),
+            i.await_until.as_ref().map(us).encode(env),
+        ),
+        (atoms::errors().encode(env), errors.encode(env)),
+        (
+            atoms::inserted_at().encode(env),
+            us(&i.inserted_at).encode(env),
+        ),
+        (
+            atoms::scheduled_at().encode(env),
+            us(&i.scheduled_at).encode(env),
+        ),
+        (
+            atoms::attempted_at().encode(env),
+            i.attempted_at.as_ref().map(us).encode(env),
+        ),
+        (
+            atoms::finished_at().encode(env),
+            i.finished_at.as_ref().map(us).encode(env),
+        ),
+    ];
+    Term::map_from_pairs(env, &pairs).unwrap()
+}
+
+/// Reads an instance. Replies `{:ok, instance}`, a resource that
+/// `instance_term/1` turns into a `%GenDurable.Instance{}`.
+#[rustler::nif]
+fn get<'a>(env: Env<'a>, res: ResourceArc<EngineRes>, id: i64, reply_ref: Term<'a>) -> Term<'a> {
+    spawn_call(env, &res, reply_ref, move |engine| async move {
+        match engine.get(id).await {
+            Ok(i) => ok_reply(ResourceArc::new(InstanceRes {
+                instance: Mutex::new(Some(i)),
+            })),
+            Err(e) => core_error(e),
+        }
+    });
+    atoms::ok().encode(env)
+}
+
+/// `%GenDurable.Instance{}` of an instance read by `get/3` (timestamps as
+/// Unix microseconds; the Elixir side turns them into `DateTime`s), built
+/// in the caller's environment on a dirty scheduler. The instance is taken:
+/// a second call returns `nil`.
+#[rustler::nif(schedule = "DirtyCpu")]
+fn instance_term(env: Env, res: ResourceArc<InstanceRes>) -> Term {
+    match lock(&res.instance).take() {
+        Some(i) => instance_to_term(env, &i),
+        None => atoms::nil().encode(env),
+    }
+}
+
+/// Wakes every instance awaiting `name`. Replies `{:ok, count}`. The
+/// payload is converted on a dirty scheduler.
+#[rustler::nif(schedule = "DirtyCpu")]
+fn signal<'a>(
+    env: Env<'a>,
+    res: ResourceArc<EngineRes>,
+    name: String,
+    payload: Term<'a>,
+    reply_ref: Term<'a>,
+) -> Term<'a> {
+    let payload = match term_to_json(payload) {
+        Ok(p) => p,
+        Err(e) => return input_error(env, "payload", format!("invalid payload: not JSON: {e}")),
+    };
+    spawn_call(env, &res, reply_ref, move |engine| async move {
+        match engine.signal(&name, payload).await {
+            Ok(n) => ok_reply(n),
+            Err(e) => core_error(e),
+        }
+    });
+    atoms::ok().encode(env)
+}
+
+/// Wakes one awaiting instance. Replies `{:ok, woken?}`. The payload is
+/// converted on a dirty scheduler.
+#[rustler::nif(schedule = "DirtyCpu")]
+fn signal_instance<'a>(
+    env: Env<'a>,
+    res: ResourceArc<EngineRes>,
+    id: i64,
+    name: String,
+    payload: Term<'a>,
+    reply_ref: Term<'a>,
+) -> Term<'a> {
+    let payload = match term_to_json(payload) {
+        Ok(p) => p,
+        Err(e) => return input_error(env, "payload", format!("invalid payload: not JSON: {e}")),
+    };
+    spawn_call(env, &res, reply_ref, move |engine| async move {
+        match engine.signal_instance(id, &name, payload).await {
+            Ok(b) => ok_reply(b),
+            Err(e) => core_error(e),
+        }
+    });
+    atoms::ok().encode(env)
+}
+
+/// Cancels an instance. Replies `{:ok, :now | :at_outcome | {:already_finished, status}}`.
+#[rustler::nif]
+fn cancel<'a>(
+    env: Env<'a>,
+    res: ResourceArc<EngineRes>,
+    id: i64,
+    reason: Option<String>,
+    reply_ref: Term<'a>,
+) -> Term<'a> {
+    spawn_call(env, &res, reply_ref, move |engine| async move {
+        let r = match reason {
+            Some(reason) => engine.cancel_with_reason(id, &reason).await,
+            None => engine.cancel(id).await,
+        };
+        match r {
+            Ok(c) => reply(move |env| {
+                let v = match c {
+                    Cancelled::Now => atoms::now().encode(env),
+                    Cancelled::AtOutcome => atoms::at_outcome().encode(env),
+                    Cancelled::AlreadyFinished(s) => (
+                        atoms::already_finished(),
+                        Atom::from_str(env, s.as_str()).unwrap(),
+                    )
+                        .encode(env),
+                };
+                (atoms::ok(), v).encode(env)
+            }),
+            Err(e) => core_error(e),
+        }
+    });
+    atoms::ok().encode(env)
+}
