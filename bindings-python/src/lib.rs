@@ -7,8 +7,10 @@
 
 mod bench;
 mod bulkhead;
+mod config;
 mod core;
 mod errors;
+mod instance;
 mod testing;
 mod values;
 mod workflow;

@@ -9,8 +9,8 @@
 
 use crate::values::{to_json, to_py};
 use gendurable::{
-    AwaitOn, ConcurrencyKey, KeyChange, NextOptions, StepContext, StepResult, Transition, Wake,
-    Workflow,
+    AwaitOn, ConcurrencyKey, EngineBuilder, KeyChange, NextOptions, StepContext, StepResult,
+    Transition, Wake, Workflow,
 };
 use pyo3::prelude::*;
 use pyo3::types::{PyString, PyTuple};
@@ -41,15 +41,57 @@ impl<'a, 'py> FromPyObject<'a, 'py> for PyStep {
     }
 }
 
-/// The package's runners and the asyncio loop, shared by every workflow.
+/// The package's step runners, the asyncio loop async steps run on and the
+/// switch that stops running steps at once: shared by every workflow of an
+/// engine. The loop and the switch are new each time the node starts.
 pub(crate) struct Hooks {
     /// `_invoke(fn, takes_step, step, state, ctx) -> encoded transition`
-    pub invoke: Py<PyAny>,
+    invoke: Py<PyAny>,
     /// `_invoke_async(fn, takes_step, step, state, ctx, loop, done) -> concurrent future`
-    pub invoke_async: Py<PyAny>,
-    pub event_loop: Py<PyAny>,
-    /// Fired to stop every running step at once.
-    pub force: Arc<Force>,
+    invoke_async: Py<PyAny>,
+    event_loop: Mutex<Option<Py<PyAny>>>,
+    force: Mutex<Arc<Force>>,
+}
+
+impl Hooks {
+    /// The runners of `gendurable._runner`.
+    pub fn new(py: Python<'_>) -> PyResult<Hooks> {
+        let runner = py.import("gendurable._runner")?;
+        Ok(Hooks {
+            invoke: runner.getattr("invoke")?.unbind(),
+            invoke_async: runner.getattr("invoke_async")?.unbind(),
+            event_loop: Mutex::new(None),
+            force: Mutex::new(Arc::new(Force::default())),
+        })
+    }
+
+    /// The node starts: async steps run on `event_loop`, and a new switch
+    /// stops them.
+    pub fn begin(&self, event_loop: Py<PyAny>) {
+        // The previous loop is released after the lock.
+        let previous = lock(&self.event_loop).replace(event_loop);
+        *lock(&self.force) = Arc::new(Force::default());
+        drop(previous);
+    }
+
+    /// Stop the running steps at once.
+    pub fn fire(&self) {
+        lock(&self.force).fire();
+    }
+
+    fn force(&self) -> Arc<Force> {
+        lock(&self.force).clone()
+    }
+
+    fn event_loop<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyAny>> {
+        lock(&self.event_loop).as_ref().map(|l| l.bind(py).clone())
+    }
+}
+
+/// Held briefly and never while waiting for the GIL (a thread holding the
+/// GIL and waiting for the lock would deadlock with it).
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Stops the running steps of a worker at once, each recorded as an error
@@ -107,12 +149,52 @@ pub(crate) fn running_sync_steps() -> usize {
 const FORCED: &str = "stopped: the worker was interrupted again while shutting down";
 
 pub(crate) struct PyWorkflow {
-    pub steps: HashMap<String, PyStep>,
-    pub fallback: Option<PyStep>,
-    /// Rate-limit keys declared per step, applied when the instance moves to
-    /// (or is inserted at) that step without an explicit one.
-    pub rate_limits: HashMap<String, String>,
-    pub hooks: Arc<Hooks>,
+    steps: HashMap<String, PyStep>,
+    fallback: Option<PyStep>,
+    hooks: Arc<Hooks>,
+}
+
+/// A workflow as the Python layer registers it: `(name, {step: step fn},
+/// catch-all step fn, {step: declared rate-limit key})`.
+pub(crate) struct WorkflowTable {
+    name: String,
+    steps: HashMap<String, PyStep>,
+    fallback: Option<PyStep>,
+    rate_limits: HashMap<String, String>,
+}
+
+impl<'a, 'py> FromPyObject<'a, 'py> for WorkflowTable {
+    type Error = PyErr;
+    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        let (name, steps, fallback, rate_limits) = obj.extract()?;
+        Ok(WorkflowTable {
+            name,
+            steps,
+            fallback,
+            rate_limits,
+        })
+    }
+}
+
+/// Register `workflows` with the builder, their declared rate-limit keys
+/// with it too (the core checks them and applies them).
+pub(crate) fn register(
+    mut b: EngineBuilder,
+    workflows: Vec<WorkflowTable>,
+    hooks: &Arc<Hooks>,
+) -> EngineBuilder {
+    for w in workflows {
+        for (step, key) in w.rate_limits {
+            b = b.step_rate_limit(&w.name, step, key);
+        }
+        let workflow = PyWorkflow {
+            steps: w.steps,
+            fallback: w.fallback,
+            hooks: hooks.clone(),
+        };
+        b = b.workflow(w.name, workflow);
+    }
+    b
 }
 
 fn ctx_to_py<'py>(py: Python<'py>, ctx: &StepContext) -> PyResult<Bound<'py, PyTuple>> {
@@ -283,12 +365,8 @@ impl Drop for CancelOnDrop {
 
 #[gendurable::async_trait]
 impl Workflow for PyWorkflow {
-    fn rate_limit(&self, step: &str, _state: &serde_json::Value) -> Option<String> {
-        self.rate_limits.get(step).cloned()
-    }
-
     async fn step(&self, step: &str, state: serde_json::Value, ctx: StepContext) -> StepResult {
-        let force = self.hooks.force.clone();
+        let force = self.hooks.force();
         tokio::select! {
             biased;
             out = self.run(step, state, ctx) => out,
@@ -337,6 +415,9 @@ impl PyWorkflow {
         let submitted = tokio::task::spawn_blocking(move || {
             pin_thread_state();
             Python::attach(|py| -> PyResult<Py<PyAny>> {
+                let event_loop = hooks.event_loop(py).ok_or_else(|| {
+                    crate::errors::internal("the engine's event loop is not running")
+                })?;
                 let done = Py::new(
                     py,
                     Done {
@@ -349,7 +430,7 @@ impl PyWorkflow {
                     PyString::new(py, &step),
                     to_py(py, &state)?,
                     ctx_to_py(py, &ctx)?,
-                    hooks.event_loop.bind(py),
+                    event_loop,
                     done,
                 );
                 Ok(hooks.invoke_async.bind(py).call1(args)?.unbind())

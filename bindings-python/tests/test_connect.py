@@ -41,6 +41,11 @@ def test_refused_is_named_at_once(schema):
 
 def test_every_call_names_the_cause(schema):
     engine = gendurable.Engine("postgres://nobody@127.0.0.1:1/none", schema=schema)
+
+    @engine.workflow("W")
+    def w(step, state, ctx):
+        return gendurable.Done(state)
+
     for call in (
         engine.migrate,
         lambda: engine.get(1),
@@ -50,10 +55,6 @@ def test_every_call_names_the_cause(schema):
     ):
         with pytest.raises(CannotConnect, match="connection refused"):
             call()
-
-    @engine.workflow("W")
-    def w(step, state, ctx):
-        return gendurable.Done(state)
 
     with pytest.raises(CannotConnect, match="connection refused"):
         engine.start()

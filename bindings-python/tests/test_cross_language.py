@@ -81,7 +81,6 @@ def test_inserted_from_python_run_by_rust(database_url, schema):
 
 def test_inserted_by_rust_run_by_python(database_url, schema):
     engine = gendurable.Engine(database_url, schema=schema, poll_interval=0.1)
-    engine.migrate()
     done = threading.Event()
 
     @engine.workflow("Py.Echo")
@@ -93,6 +92,7 @@ def test_inserted_by_rust_run_by_python(database_url, schema):
             done.set()
             return Done({**state, "ran_by": "python"})
 
+    engine.migrate()
     out = subprocess.run(
         [
             CLI, "insert", "--url", database_url, "--schema", schema,

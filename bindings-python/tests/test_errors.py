@@ -177,6 +177,37 @@ def test_bad_workflows(make_engine):
             pass
 
 
+def test_workflows_are_registered_before_the_first_call(make_engine):
+    engine = make_engine()
+
+    @engine.workflow("First")
+    def first(step, state, ctx):
+        return gendurable.Done(state)
+
+    assert repr(engine).endswith("not yet used>")
+    engine.insert("First", {})
+    with pytest.raises(InvalidConfig, match="register every workflow before") as exc:
+
+        @engine.workflow("Late")
+        def late(step, state, ctx):
+            return gendurable.Done(state)
+
+    assert "'Late'" in str(exc.value)
+    assert engine.workflows == ["First"]
+
+
+def test_a_declared_rate_limit_needs_a_configured_rate_limit(make_engine):
+    engine = make_engine(rate_limits={"openai": {"limit": 10, "period": 1}})
+    with pytest.raises(InvalidConfig, match="no rate limit named") as exc:
+
+        @engine.workflow("Summarise", rate_limits={"start": "anthropic:shared"})
+        def summarise(step, state, ctx):
+            return gendurable.Done(state)
+
+    assert "rate_limit" in str(exc.value) and "anthropic" in str(exc.value)
+    assert engine.workflows == []
+
+
 def test_unreachable_database_is_a_database_error(schema):
     e = gendurable.Engine("postgres://nobody@127.0.0.1:1/none", schema=schema)
     with pytest.raises(gendurable.DatabaseError) as exc:

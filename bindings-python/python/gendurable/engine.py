@@ -14,7 +14,7 @@ import threading
 from collections.abc import Iterable, Mapping
 from typing import Any, Callable, Optional, TypeVar, Union
 
-from . import _gendurable, _runner
+from . import _gendurable
 from .errors import Error, InvalidConfig, InvalidInput
 from .transitions import ConcurrencyKey, _seconds, _timestamp, key_str
 
@@ -99,6 +99,17 @@ class _Workflow:
         self.steps: dict[str, tuple[Callable[..., Any], bool, bool]] = {}
         self.fallback: Optional[tuple[Callable[..., Any], bool, bool]] = None
         self.rate_limits: dict[str, str] = {}
+
+    def copy(self) -> _Workflow:
+        w = _Workflow(self.name)
+        w.steps = dict(self.steps)
+        w.fallback = self.fallback
+        w.rate_limits = dict(self.rate_limits)
+        return w
+
+    def table(self) -> tuple:
+        """As the native engine takes it."""
+        return (self.name, self.steps, self.fallback, self.rate_limits)
 
     def add_rate_limits(self, declared: Mapping[str, str]) -> None:
         for step, key in declared.items():
@@ -255,23 +266,21 @@ class NewInstance:
             {} if state is None else state,
             _str("step", step),
             _str("queue", queue),
-            _int("priority", priority, 0, 9),
+            _int("priority", priority),
             None if concurrency_key is None else key_str(concurrency_key),
             None if rate_limit is None else _str("rate_limit", rate_limit),
             _seconds("schedule_in", schedule_in),
             _timestamp("scheduled_at", scheduled_at),
-            _int("max_attempts", max_attempts, 1, 2**31 - 1),
+            _int("max_attempts", max_attempts),
         )
 
     def __repr__(self) -> str:
         return f"NewInstance({self._t[0]!r}, {self._t[1]!r})"
 
 
-def _int(field: str, v: Any, lo: int, hi: int) -> int:
+def _int(field: str, v: Any) -> int:
     if isinstance(v, bool) or not isinstance(v, int):
         raise InvalidInput(f"invalid {field}: must be an int, got {v!r}", field=field)
-    if not lo <= v <= hi:
-        raise InvalidInput(f"invalid {field}: must be {lo} to {hi}, got {v}", field=field)
     return v
 
 
@@ -522,7 +531,9 @@ class Engine:
         )
         self.schema = schema
         self._workflows: dict[str, _Workflow] = {}
-        self._lock = threading.Lock()
+        # Held while workflows are registered, the engine is built, and the
+        # worker starts or stops.
+        self._lock = threading.RLock()
         self._loop: Optional[_LoopThread] = None
         self._stop = threading.Event()
         for w in workflows:
@@ -561,22 +572,43 @@ class Engine:
     def _add(
         self, name: str, step: Optional[str], target: Any, declared: Mapping[str, str]
     ) -> None:
-        if self._core.running:
-            raise InvalidConfig("register workflows before the worker starts")
-        w = self._workflows.get(name) or _Workflow(name)
-        if inspect.isclass(target):
-            if step is not None:
-                raise InvalidConfig(f"workflow {name!r}: step= applies to functions, not classes")
-            w.add_class(target)
-        elif callable(target):
-            if step is None:
-                w.set_fallback(target)
+        with self._lock:
+            if self._core.built:
+                raise InvalidConfig(
+                    f"workflow {name!r}: register every workflow before the engine's first"
+                    " call (insert, get, signal, cancel, migrate, effective_k, node_id or start),"
+                    " which builds the engine with the workflows registered by then"
+                )
+            existing = self._workflows.get(name)
+            w = existing.copy() if existing is not None else _Workflow(name)
+            if inspect.isclass(target):
+                if step is not None:
+                    raise InvalidConfig(
+                        f"workflow {name!r}: step= applies to functions, not classes"
+                    )
+                w.add_class(target)
+            elif callable(target):
+                if step is None:
+                    w.set_fallback(target)
+                else:
+                    w.add_step(step, target)
             else:
-                w.add_step(step, target)
-        else:
-            raise InvalidConfig(f"workflow {name!r}: {target!r} is not a class or a function")
-        w.add_rate_limits(declared)
-        self._workflows[name] = w
+                raise InvalidConfig(f"workflow {name!r}: {target!r} is not a class or a function")
+            w.add_rate_limits(declared)
+            workflows = {**self._workflows, name: w}
+            self._core.check([x.table() for x in workflows.values()])
+            self._workflows = workflows
+
+    def _native(self) -> Any:
+        """The native engine, built at the first call with the workflows
+        registered by then."""
+        core = self._core
+        if not core.built:
+            _check_fork()
+            with self._lock:
+                if not core.built:
+                    core.build([w.table() for w in self._workflows.values()])
+        return core
 
     @property
     def workflows(self) -> list[str]:
@@ -588,11 +620,11 @@ class Engine:
     def migrate(self) -> None:
         """Create or upgrade the schema (the first call that needs it does it too)."""
         _check_fork()
-        self._core.migrate()
+        self._native().migrate()
 
     async def migrate_async(self) -> None:
         """:meth:`migrate` for asyncio."""
-        await self._core.migrate_async()
+        await self._native().migrate_async()
 
     def insert(
         self,
@@ -628,7 +660,7 @@ class Engine:
             max_attempts=max_attempts,
         )
         _check_fork()
-        return self._core.insert_many(self._declared([new._t]))[0]
+        return self._native().insert_many([new._t])[0]
 
     async def insert_async(
         self,
@@ -657,51 +689,39 @@ class Engine:
             scheduled_at=scheduled_at,
             max_attempts=max_attempts,
         )
-        ids = await self._core.insert_many_async(self._declared([new._t]))
+        ids = await self._native().insert_many_async([new._t])
         return ids[0]
 
     def insert_many(self, instances: Iterable[NewInstance]) -> list[int]:
         """Insert many instances in one round trip; all or none. Returns their ids in order."""
         _check_fork()
-        return self._core.insert_many(self._declared(_news(instances)))
+        return self._native().insert_many(_news(instances))
 
     async def insert_many_async(self, instances: Iterable[NewInstance]) -> list[int]:
         """:meth:`insert_many` for asyncio."""
-        return await self._core.insert_many_async(self._declared(_news(instances)))
-
-    def _declared(self, news: list[tuple]) -> list[tuple]:
-        """Apply the rate limits the registered workflows declare for their steps."""
-        if not any(w.rate_limits for w in self._workflows.values()):
-            return news
-        out = []
-        for t in news:
-            w = self._workflows.get(t[0])
-            if t[6] is None and w is not None and t[2] in w.rate_limits:
-                t = (*t[:6], w.rate_limits[t[2]], *t[7:])
-            out.append(t)
-        return out
+        return await self._native().insert_many_async(_news(instances))
 
     def get(self, id: int) -> Instance:
         """Read an instance back; raises :class:`gendurable.NotFound`."""
         _check_fork()
-        return Instance(self._core.get(_id(id)))
+        return Instance(self._native().get(_id(id)))
 
     async def get_async(self, id: int) -> Instance:
         """:meth:`get` for asyncio."""
-        return Instance(await self._core.get_async(_id(id)))
+        return Instance(await self._native().get_async(_id(id)))
 
     def signal(self, name: str, payload: Any = None, *, id: Optional[int] = None) -> int:
         """Wake every instance awaiting signal ``name`` (or, with ``id``, that one
         instance whatever it awaits); the woken step sees ``payload`` in
         ``ctx.wake``. Returns how many were woken. A signal nobody awaits is not kept."""
         _check_fork()
-        return self._core.signal(_str("signal", name), payload, None if id is None else _id(id))
+        return self._native().signal(_str("signal", name), payload, None if id is None else _id(id))
 
     async def signal_async(
         self, name: str, payload: Any = None, *, id: Optional[int] = None
     ) -> int:
         """:meth:`signal` for asyncio."""
-        return await self._core.signal_async(
+        return await self._native().signal_async(
             _str("signal", name), payload, None if id is None else _id(id)
         )
 
@@ -709,22 +729,22 @@ class Engine:
         """Cancel an instance: at once if it is not executing, else when its
         step's outcome is written. Raises :class:`gendurable.NotFound`."""
         _check_fork()
-        what, _status = self._core.cancel(_id(id), reason)
+        what, _status = self._native().cancel(_id(id), reason)
         return Cancelled(what)
 
     async def cancel_async(self, id: int, reason: Optional[str] = None) -> Cancelled:
         """:meth:`cancel` for asyncio."""
-        what, _status = await self._core.cancel_async(_id(id), reason)
+        what, _status = await self._native().cancel_async(_id(id), reason)
         return Cancelled(what)
 
     def effective_k(self, key: ConcurrencyKey) -> int:
         """How many steps holding ``key`` may run at once under this configuration."""
-        return self._core.effective_k(key_str(key))
+        return self._native().effective_k(key_str(key))
 
     @property
     def node_id(self) -> str:
         """This node's id."""
-        return self._core.node_id
+        return self._native().node_id
 
     # --- the worker ---------------------------------------------------------------------
 
@@ -745,13 +765,11 @@ class Engine:
                 raise InvalidConfig(
                     "no workflows registered: register one before starting the worker"
                 )
+            core = self._native()
             self._stop.clear()
             self._loop = _LoopThread()
-            tables = [
-                (w.name, w.steps, w.fallback, w.rate_limits) for w in self._workflows.values()
-            ]
             try:
-                self._core.start(tables, _runner.invoke, _runner.invoke_async, self._loop.loop)
+                core.start(self._loop.loop)
             except BaseException:
                 self._loop.stop()
                 self._loop = None
@@ -871,6 +889,8 @@ class Engine:
         self.shutdown()
 
     def __repr__(self) -> str:
+        if not self._core.built:
+            return f"<gendurable.Engine schema={self.schema!r}, not yet used>"
         return f"<gendurable.Engine schema={self.schema!r} node={self.node_id!r}>"
 
 
