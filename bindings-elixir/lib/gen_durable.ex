@@ -71,14 +71,19 @@ defmodule GenDurable do
       be named here.
     * `:workflows` — the workflow modules this node runs.
     * `:poll_interval`, `:heartbeat_interval`, `:lease`, `:shutdown_timeout`,
-      `:gc_interval` — milliseconds; `:backoff` — `[base: ms, max: ms]` for
-      retries; `:retention` — how long finished instances are kept (ms or
-      `:infinity`); `:node_id`; `:pool_size` — database connections.
+      `:gc_interval`, `:connect_timeout` — milliseconds; `:backoff` —
+      `[base: ms, max: ms]` for retries; `:retention` — how long finished
+      instances are kept (ms or `:infinity`); `:node_id`; `:pool_size` —
+      database connections; `:prefetch` — the most rows a queue claims
+      ahead of its free slots.
 
-  Unknown options, wrong types and duplicate names are refused before
-  anything starts; the core checks the values (a limit below 1, a lease
-  shorter than two heartbeats, ...). Either way the engine does not start
-  and the error is a `GenDurable.Error`.
+  The options are the Rust core's (`gendurable::options`), read from a map:
+  keyword lists become maps and atoms strings. The core checks every one
+  before anything starts: an unknown option, a wrong type or a bad value (a
+  limit below 1, a lease shorter than two heartbeats, ...) and the engine
+  does not start; the error is a `GenDurable.Error` whose message names the
+  option, such as `engine option queues.default: expected a positive
+  integer, got -1`. A name given twice in a keyword list is refused too.
 
   When its supervisor stops it, the engine stops picking, lets running steps
   finish within `:shutdown_timeout` (default 15 s), kills the processes of
@@ -223,11 +228,43 @@ defmodule GenDurable do
         raise ArgumentError, "#{what}: unknown option #{inspect(unknown)}; known: :rate_limits"
     end
 
-    case Options.step_rate_limits(Keyword.get(opts, :rate_limits, %{})) do
-      {:ok, _} -> Keyword.get(opts, :rate_limits, %{})
+    declared = Keyword.get(opts, :rate_limits, %{})
+
+    case check_rate_limits(declared) do
+      :ok -> declared
       {:error, message} -> raise ArgumentError, "#{what}: #{message}"
     end
   end
+
+  # A `rate_limits: %{step => key}` declaration: a map of non-empty strings,
+  # each key naming a rate limit. Whether that rate limit is configured is
+  # the engine's to say when it starts.
+  defp check_rate_limits(declared) when is_map(declared) and not is_struct(declared) do
+    declared
+    |> Enum.sort()
+    |> Enum.find_value(:ok, fn {step, key} ->
+      cond do
+        not non_empty_string?(step) ->
+          {:error, "rate_limits: step names must be non-empty strings, got: #{inspect(step)}"}
+
+        not non_empty_string?(key) or String.starts_with?(key, ":") ->
+          {:error,
+           "rate_limits: the key for step #{inspect(step)} must be a string naming a " <>
+             "configured rate limit, such as \"openai:default\", got: #{inspect(key)}"}
+
+        true ->
+          nil
+      end
+    end)
+  end
+
+  defp check_rate_limits(other) do
+    {:error,
+     "rate_limits must be a map of step names to rate-limit keys, such as " <>
+       "%{\"call_api\" => \"openai:default\"}, got: #{inspect(other)}"}
+  end
+
+  defp non_empty_string?(s), do: is_binary(s) and s != "" and String.valid?(s)
 
   @doc """
   The workflow name a module is stored under: its name without `Elixir.`.
@@ -261,17 +298,23 @@ defmodule GenDurable do
   """
   @spec start_link(keyword) :: Supervisor.on_start() | {:error, Error.t()}
   def start_link(opts) do
-    case Options.validate(opts) do
-      {:ok, v} ->
-        await_previous_tree(v)
+    with {:ok, v} <- Options.validate(opts),
+         :ok <- check(v.config) do
+      await_previous_tree(v)
 
-        case GenDurable.Supervisor.start_link(v) do
-          {:error, {:shutdown, {:failed_to_start_child, _, %Error{} = e}}} -> {:error, e}
-          other -> other
-        end
+      case GenDurable.Supervisor.start_link(v) do
+        {:error, {:shutdown, {:failed_to_start_child, _, %Error{} = e}}} -> {:error, e}
+        other -> other
+      end
+    end
+  end
 
-      {:error, _} = err ->
-        err
+  # The core checks the options as it will when the engine starts, without
+  # connecting: nothing starts with options it would refuse.
+  defp check(%{options: options, workflows: workflows}) do
+    case Native.engine_check(options, workflows) do
+      :ok -> :ok
+      {:error, e} -> {:error, Error.from_native(e)}
     end
   end
 
@@ -307,19 +350,6 @@ defmodule GenDurable do
 
   # -- Client API ----------------------------------------------------------
 
-  @insert_opts [
-    :state,
-    :step,
-    :queue,
-    :priority,
-    :concurrency_key,
-    :rate_limit,
-    :scheduled_at,
-    :schedule_in,
-    :max_attempts,
-    :engine
-  ]
-
   @doc """
   Inserts an instance of `workflow` (a module using `GenDurable`, or a
   workflow name as a string). Returns `{:ok, id}`. A module that does not
@@ -334,9 +364,12 @@ defmodule GenDurable do
     * `:priority` — 0 (first, the default) to 9
     * `:concurrency_key` — `"stripe:7"` or `{:stripe, 7}`
     * `:rate_limit` — a rate-limit key for the first step
-    * `:schedule_in` (ms) or `:scheduled_at` (`DateTime`)
+    * `:schedule_in` (ms) or `:scheduled_at` (`DateTime`, or an RFC 3339 string)
     * `:max_attempts` — attempts per step (default 20)
     * `:engine` — the engine's name (default `GenDurable`)
+
+  The core checks the options (`gendurable::options::InsertOptions`) and
+  the values; an error names the option in its `:field`.
 
   ## Example
 
@@ -522,54 +555,48 @@ defmodule GenDurable do
     end
   end
 
+  # An insert as the core reads it (`gendurable::options::InsertOptions`):
+  # a map of the options, the workflow's name, keys as strings and times as
+  # RFC 3339. The core checks every option; its messages name it.
   defp new_instance(workflow, opts) do
     with :ok <- insert_opts(opts),
-         {:ok, wf} <- workflow(workflow),
-         {:ok, state} <- insert_state(Keyword.get(opts, :state, %{})),
-         {:ok, step} <- opt_string(Keyword.get(opts, :step), :step),
-         {:ok, queue} <- opt_string(Keyword.get(opts, :queue), :queue),
-         {:ok, priority} <- priority(Keyword.get(opts, :priority)),
-         {:ok, ckey} <- opt_key(Keyword.get(opts, :concurrency_key), :concurrency_key),
-         {:ok, rkey} <- opt_key(Keyword.get(opts, :rate_limit), :rate_limit),
-         {:ok, {delay, at}} <- schedule(opts),
-         {:ok, max} <- max_attempts(Keyword.get(opts, :max_attempts)) do
+         {:ok, wf} <- workflow(workflow) do
       {:ok,
-       %{
-         workflow: wf,
-         state: state,
-         step: step,
-         queue: queue,
-         priority: priority,
-         concurrency_key: ckey,
-         rate_limit: rkey,
-         schedule_in: delay,
-         scheduled_at: at,
-         max_attempts: max
-       }}
+       opts
+       |> Keyword.delete(:engine)
+       |> Map.new(fn {k, v} -> {k, insert_value(k, v)} end)
+       |> Map.put(:workflow, wf)}
     end
   end
 
   defp insert_opts(opts) do
-    cond do
-      not (is_list(opts) and Keyword.keyword?(opts)) ->
-        {:error,
-         Error.input(:options, "invalid options: expected a keyword list, got: #{inspect(opts)}")}
+    if is_list(opts) and Keyword.keyword?(opts) do
+      keys = Keyword.keys(opts)
 
-      (unknown = Keyword.keys(opts) -- @insert_opts) != [] ->
-        {:error,
-         Error.input(
-           :options,
-           "unknown option #{inspect(hd(unknown))}; known options: " <>
-             Enum.map_join(@insert_opts, ", ", &inspect/1)
-         )}
+      case keys -- Enum.uniq(keys) do
+        [] ->
+          :ok
 
-      true ->
-        :ok
+        [dup | _] ->
+          {:error, Error.input(:options, "invalid options: #{inspect(dup)} is given twice")}
+      end
+    else
+      {:error,
+       Error.input(:options, "invalid options: expected a keyword list, got: #{inspect(opts)}")}
     end
   end
 
-  defp workflow(wf) when is_binary(wf), do: string(wf, :workflow)
+  defp insert_value(k, key) when k in [:concurrency_key, :rate_limit] do
+    case key(key) do
+      {:ok, s} -> s
+      :error -> key
+    end
+  end
 
+  defp insert_value(:scheduled_at, %DateTime{} = at), do: DateTime.to_iso8601(at)
+  defp insert_value(_k, v), do: v
+
+  # A module must use GenDurable; a name is passed on as it is.
   defp workflow(wf) when is_atom(wf) and wf not in [nil, true, false] do
     cond do
       not Code.ensure_loaded?(wf) ->
@@ -592,20 +619,7 @@ defmodule GenDurable do
     end
   end
 
-  defp workflow(wf),
-    do:
-      {:error,
-       Error.input(
-         :workflow,
-         "invalid workflow: expected a module or a name, got: #{inspect(wf)}"
-       )}
-
-  defp insert_state(s) when is_map(s) and not is_struct(s), do: {:ok, s}
-
-  defp insert_state(s),
-    do:
-      {:error,
-       Error.input(:state, "invalid state: must be a map (a JSON object), got: #{inspect(s)}")}
+  defp workflow(wf), do: {:ok, wf}
 
   defp string(s, field) when is_binary(s) do
     if String.valid?(s),
@@ -621,78 +635,6 @@ defmodule GenDurable do
 
   defp opt_string(nil, _field), do: {:ok, nil}
   defp opt_string(s, field), do: string(s, field)
-
-  defp opt_key(nil, _field), do: {:ok, nil}
-
-  defp opt_key(k, field) do
-    case key(k) do
-      {:ok, s} ->
-        string(s, field)
-
-      :error ->
-        {:error,
-         Error.input(
-           field,
-           "invalid #{field}: must be a string or a {name, id} tuple, got: #{inspect(k)}"
-         )}
-    end
-  end
-
-  defp priority(nil), do: {:ok, nil}
-  defp priority(p) when is_integer(p) and p in 0..9, do: {:ok, p}
-
-  defp priority(p),
-    do:
-      {:error,
-       Error.input(
-         :priority,
-         "invalid priority: must be an integer from 0 (first) to 9, got: #{inspect(p)}"
-       )}
-
-  defp max_attempts(nil), do: {:ok, nil}
-  defp max_attempts(n) when is_integer(n) and n > 0 and n < 2_147_483_648, do: {:ok, n}
-
-  defp max_attempts(n),
-    do:
-      {:error,
-       Error.input(
-         :max_attempts,
-         "invalid max_attempts: must be a positive integer, got: #{inspect(n)}"
-       )}
-
-  defp schedule(opts) do
-    case {Keyword.get(opts, :schedule_in), Keyword.get(opts, :scheduled_at)} do
-      {nil, nil} ->
-        {:ok, {nil, nil}}
-
-      {ms, nil} when is_integer(ms) and ms >= 0 ->
-        {:ok, {ms, nil}}
-
-      {ms, nil} ->
-        {:error,
-         Error.input(
-           :schedule_in,
-           "invalid schedule_in: must be non-negative milliseconds, got: #{inspect(ms)}"
-         )}
-
-      {nil, %DateTime{} = at} ->
-        {:ok, {nil, DateTime.to_unix(at, :microsecond)}}
-
-      {nil, at} ->
-        {:error,
-         Error.input(
-           :scheduled_at,
-           "invalid scheduled_at: must be a DateTime, got: #{inspect(at)}"
-         )}
-
-      _ ->
-        {:error,
-         Error.input(
-           :scheduled_at,
-           "invalid scheduled_at: give schedule_in or scheduled_at, not both"
-         )}
-    end
-  end
 end
 
 defmodule GenDurable.Supervisor do

@@ -61,19 +61,22 @@ defmodule GenDurable.StepRateLimitsTest do
       assert {:error, %Error{kind: :invalid_config, message: m}} =
                start(workflows: [Limited], rate_limits: [api: [limit: 1, period: 1000]])
 
-      assert m =~ "GenDurableTest.Limited"
-      assert m =~ ~s("after_wait")
-      assert m =~ ~s(no rate limit named "openai" is configured in option :rate_limits)
+      # The core checks the declared keys against the configured rate limits.
+      assert m =~ ~s(step_rate_limit "GenDurableTest.Limited"/)
+      assert m =~ ~s("after_wait") or m =~ ~s("call_api")
+      assert m =~ ~s(no rate limit named "openai" is configured)
 
       assert {:error, %Error{kind: :invalid_config, message: m}} = start(workflows: [Limited])
       assert m =~ ~s("openai")
     end
 
     test "a declaration read from a module that did not check it" do
+      # Translated like the engine's options; the core reads the result.
       for {declared, text} <- [
-            {[{"call_api", "openai:x"}], "must be a map of step names to rate-limit keys"},
-            {%{call_api: "openai:x"}, "step names must be non-empty strings"},
-            {%{"call_api" => {:openai, 1}}, ~s(the key for step "call_api" must be a string)}
+            {"openai:x", ~s(]: expected a map, got "openai:x")},
+            {%{"call_api" => 5}, ~s(].call_api: expected a string, got 5)},
+            {%{"call_api" => {:openai, 1}}, ~s(].call_api: not JSON: a tuple is not JSON)},
+            {[call_api: "openai:x", call_api: "openai:y"], ~s("call_api" is given twice)}
           ] do
         mod =
           workflow_module(
@@ -83,8 +86,21 @@ defmodule GenDurable.StepRateLimitsTest do
         assert {:error, %Error{kind: :invalid_config, message: m}} =
                  start(workflows: [mod], rate_limits: @rates)
 
-        assert m =~ inspect(mod)
+        assert m =~ ~s(engine option step_rate_limits["#{inspect(mod)}"])
         assert m =~ text
+      end
+    end
+
+    test "a declaration translated like the options" do
+      for declared <- [[call_api: "openai:x"], %{call_api: "openai:x"}] do
+        mod =
+          workflow_module(
+            quote do: def(__gen_durable_rate_limits__, do: unquote(Macro.escape(declared)))
+          )
+
+        name = :"rl_#{unique()}"
+        assert {:ok, pid} = start(workflows: [mod], rate_limits: @rates, name: name)
+        Supervisor.stop(pid)
       end
     end
 

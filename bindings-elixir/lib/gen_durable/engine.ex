@@ -17,7 +17,9 @@ defmodule GenDurable.Engine do
   def init(args) do
     Process.flag(:trap_exit, true)
 
-    case Native.call(&Native.engine_start(args.res, args.config, &1)) do
+    %{options: options, workflows: workflows} = args.config
+
+    case Native.call(&Native.engine_start(args.res, options, workflows, &1)) do
       :ok ->
         :persistent_term.put({GenDurable, args.name}, args.res)
         {:ok, args}

@@ -13,7 +13,8 @@ defmodule GenDurable.Native do
   defp nif, do: :erlang.nif_error(:gen_durable_nif_not_loaded)
 
   def engine_new, do: nif()
-  def engine_start(_engine, _config, _ref), do: nif()
+  def engine_check(_options, _workflows), do: nif()
+  def engine_start(_engine, _options, _workflows, _ref), do: nif()
   def engine_stop(_engine, _ref), do: nif()
   def dispatcher_register(_engine), do: nif()
   def dispatcher_close(_engine), do: nif()

@@ -1,61 +1,32 @@
 //! Client calls: insert, get, signal, cancel. Each runs on the runtime with
-//! the tree's engine and answers with a message; values a user gives (a
-//! state, a payload) become JSON first, on a dirty scheduler.
+//! the tree's engine and answers with a message; values a user gives (an
+//! insert's options and state, a payload) become JSON first, on a dirty
+//! scheduler, and the core reads and checks them.
 
 use crate::atoms;
-use crate::convert::{json_to_term, term_to_json};
-use crate::engine::{field, spawn_call, EngineRes};
-use crate::errors::{core_error, input_error};
+use crate::convert::{json_to_term, options_to_json, term_to_json};
+use crate::engine::{spawn_call, EngineRes};
+use crate::errors::{core_error, core_error_term, input_error};
 use crate::runtime::{lock, ok_reply, reply};
+use gendurable::options::InsertOptions;
 use gendurable::{Cancelled, Instance, NewInstance};
 use rustler::{Atom, Encoder, Env, ResourceArc, Term};
 use std::sync::Mutex;
-use std::time::Duration;
 
-fn decode_new(term: Term) -> Result<NewInstance, (String, String)> {
-    let f = |k: &str| (k.to_string(), format!("{k} has the wrong type"));
-    let workflow: String = field(term, "workflow").map_err(|_| f("workflow"))?;
-    let state = term_to_json(term.map_get(atoms::state()).map_err(|_| f("state"))?)
-        .map_err(|e| ("state".to_string(), format!("invalid state: not JSON: {e}")))?;
-    let mut new = NewInstance::new(workflow, state);
-    if let Some(s) = field::<Option<String>>(term, "step").map_err(|_| f("step"))? {
-        new = new.step(s);
-    }
-    if let Some(q) = field::<Option<String>>(term, "queue").map_err(|_| f("queue"))? {
-        new = new.queue(q);
-    }
-    if let Some(p) = field::<Option<i16>>(term, "priority").map_err(|_| f("priority"))? {
-        new = new.priority(p);
-    }
-    if let Some(k) =
-        field::<Option<String>>(term, "concurrency_key").map_err(|_| f("concurrency_key"))?
-    {
-        new = new.concurrency_key(k);
-    }
-    if let Some(r) = field::<Option<String>>(term, "rate_limit").map_err(|_| f("rate_limit"))? {
-        new = new.rate_limit(r);
-    }
-    if let Some(d) = field::<Option<u64>>(term, "schedule_in").map_err(|_| f("schedule_in"))? {
-        new = new.schedule_in(Duration::from_millis(d));
-    }
-    if let Some(us) = field::<Option<i64>>(term, "scheduled_at").map_err(|_| f("scheduled_at"))? {
-        let at = chrono::DateTime::from_timestamp_micros(us).ok_or_else(|| {
-            (
-                "scheduled_at".to_string(),
-                "invalid scheduled_at: out of range".to_string(),
-            )
-        })?;
-        new = new.scheduled_at(at);
-    }
-    if let Some(m) = field::<Option<i32>>(term, "max_attempts").map_err(|_| f("max_attempts"))? {
-        new = new.max_attempts(m);
-    }
-    Ok(new)
+/// An insert: a map of the core's insert options (see
+/// `gendurable::options::InsertOptions`). Only its top level is walked to
+/// name an option that is not JSON; the state converts whole.
+fn new_instance(term: Term) -> gendurable::Result<NewInstance> {
+    let json = options_to_json(term, 1).map_err(|(path, e)| {
+        let field = path.first().map_or("options", String::as_str);
+        InsertOptions::error_at(field, &format!("not JSON: {e}"))
+    })?;
+    NewInstance::from_json(json)
 }
 
-/// Inserts instances (maps with every option key present, `nil` when
-/// unset). Replies `{:ok, [id]}`. Converting large states is CPU work, so
-/// this runs on a dirty CPU scheduler.
+/// Inserts instances, each a map of insert options. Replies `{:ok, [id]}`.
+/// Converting large states is CPU work, so this runs on a dirty CPU
+/// scheduler.
 #[rustler::nif(schedule = "DirtyCpu")]
 fn insert_many<'a>(
     env: Env<'a>,
@@ -63,17 +34,16 @@ fn insert_many<'a>(
     news: Vec<Term<'a>>,
     reply_ref: Term<'a>,
 ) -> Term<'a> {
-    let mut batch = Vec::with_capacity(news.len());
     let n = news.len();
+    let mut batch = Vec::with_capacity(n);
     for (i, t) in news.into_iter().enumerate() {
-        match decode_new(t) {
+        match new_instance(t) {
             Ok(new) => batch.push(new),
-            Err((f, mut m)) => {
-                if n > 1 {
-                    m = format!("{m} (instance {i} of {n}; nothing was inserted)");
-                }
-                return input_error(env, &f, m);
+            Err(e) if n > 1 => {
+                let suffix = format!(" (instance {i} of {n}; nothing was inserted)");
+                return core_error_term(env, &e, &suffix);
             }
+            Err(e) => return core_error_term(env, &e, ""),
         }
     }
     spawn_call(env, &res, reply_ref, |engine| async move {

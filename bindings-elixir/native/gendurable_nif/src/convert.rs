@@ -314,3 +314,26 @@ pub fn json_to_term<'a>(env: Env<'a>, v: &Value) -> Term<'a> {
         }
     }
 }
+
+/// A map of options as JSON, walked `depth` levels of maps deep so that a
+/// value that is not JSON is reported with the option names leading to it
+/// (`(["step_rate_limits", "Account.Sync", "push"], "a tuple is not JSON")`).
+/// Values below that depth convert whole. Options are few: the walk
+/// recurses at most `depth` levels.
+pub fn options_to_json(term: Term, depth: usize) -> Result<Value, (Vec<String>, String)> {
+    if depth == 0 || term.get_type() != TermType::Map {
+        return term_to_json(term).map_err(|e| (Vec::new(), e));
+    }
+    let mut out = Map::new();
+    for (key, value) in map_entries(term).map_err(|e| (Vec::new(), e))? {
+        let v = options_to_json(value, depth - 1).map_err(|(mut path, e)| {
+            path.insert(0, key.clone());
+            (path, e)
+        })?;
+        if out.contains_key(&key) {
+            return Err((vec![key], "given twice (as a string and an atom)".into()));
+        }
+        out.insert(key, v);
+    }
+    Ok(Value::Object(out))
+}

@@ -1,15 +1,25 @@
-//! The engine of one `GenDurable` supervision tree: its configuration,
+//! The engine of one `GenDurable` supervision tree: reading its options,
 //! starting and stopping its node, and the engine client calls use.
+//!
+//! The options arrive as a map (`GenDurable.Options` translates the keyword
+//! list) and are read by the core (`gendurable::options::EngineOptions`),
+//! which checks them and words every error; the workflows arrive as
+//! `[{name, module}]`.
 
 use crate::atoms;
-use crate::errors::{core_error, error_term, not_running};
+use crate::convert::options_to_json;
+use crate::errors::{core_error, core_error_term, not_running};
 use crate::runtime::{reply, runtime, spawn_reply, Reply};
 use crate::step::{Dispatcher, ElixirWorkflow};
-use gendurable::{Engine, EngineBuilder, GateConfig, RateConfig};
+use gendurable::options::EngineOptions;
+use gendurable::{Engine, EngineBuilder};
 use rustler::{Atom, Encoder, Env, LocalPid, Monitor, ResourceArc, Term};
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
+
+/// How deep the options are walked to name one that is not JSON
+/// (`step_rate_limits.<workflow>.<step>` is three levels).
+const OPTION_DEPTH: usize = 4;
 
 /// One `GenDurable` supervision tree: the engine its Engine process runs,
 /// the dispatcher its steps are sent to, and the engine client calls use.
@@ -92,90 +102,66 @@ where
 }
 
 // ---------------------------------------------------------------------------
-// Configuration: a map with atom keys (see `GenDurable.Options`)
+// Configuration
 
-/// An option of an Elixir map with atom keys.
-pub fn field<'a, T: rustler::Decoder<'a>>(map: Term<'a>, key: &str) -> Result<T, String> {
-    let env = map.get_env();
-    let k = Atom::from_str(env, key).map_err(|_| format!("bad key {key}"))?;
-    let v = map
-        .map_get(k)
-        .map_err(|_| format!("missing option {key}"))?;
-    v.decode::<T>()
-        .map_err(|_| format!("option {key} has the wrong type"))
+/// The engine's options and workflows, read.
+struct Config {
+    options: EngineOptions,
+    /// Workflow names and the modules that run them.
+    workflows: Vec<(String, String)>,
 }
 
-fn ms(v: Option<u64>) -> Option<Duration> {
-    v.map(Duration::from_millis)
-}
+impl Config {
+    /// `options`: a map of the core's engine options; `workflows`:
+    /// `[{name, module}]`, the modules as atoms.
+    fn read(options: Term, workflows: Vec<(String, Term)>) -> gendurable::Result<Config> {
+        let json = options_to_json(options, OPTION_DEPTH).map_err(|(path, e)| {
+            let path: Vec<&str> = path.iter().map(String::as_str).collect();
+            EngineOptions::error_at(&path, &format!("not JSON: {e}"))
+        })?;
+        let options = EngineOptions::from_json(json)?;
+        let workflows = workflows
+            .into_iter()
+            .map(|(name, module)| match module.atom_to_string() {
+                Ok(module) => Ok((name, module)),
+                Err(_) => Err(gendurable::Error::InvalidConfig(format!(
+                    "workflow {name:?}: the module is not an atom"
+                ))),
+            })
+            .collect::<gendurable::Result<_>>()?;
+        Ok(Config { options, workflows })
+    }
 
-fn build_engine(config: Term, dispatcher: &Arc<Dispatcher>) -> Result<EngineBuilder, String> {
-    let mut b = Engine::builder().url(field::<String>(config, "url")?);
-    if let Some(s) = field::<Option<String>>(config, "schema")? {
-        b = b.schema(s);
-    }
-    if let Some(s) = field::<Option<String>>(config, "node_id")? {
-        b = b.node_id(s);
-    }
-    for (q, n) in field::<Vec<(String, u32)>>(config, "queues")? {
-        b = b.queue(q, n);
-    }
-    for (name, limit, shards) in field::<Vec<(String, u32, u32)>>(config, "gates")? {
-        b = b.concurrency_limit(name, GateConfig::new(limit).shards(shards));
-    }
-    for (name, limit, period, burst) in field::<Vec<(String, u32, u64, u32)>>(config, "rates")? {
-        b = b.rate_limit(
-            name,
-            RateConfig::new(limit, Duration::from_millis(period)).burst(burst),
-        );
-    }
-    // {name, module, [{step, rate_limit_key}]}: the keys declared with
-    // `use GenDurable, rate_limits: %{step => key}`.
-    type WorkflowSpec = (String, Atom, Vec<(String, String)>);
-    for (name, module, step_rates) in field::<Vec<WorkflowSpec>>(config, "workflows")? {
-        let module = module
-            .to_term(config.get_env())
-            .atom_to_string()
-            .map_err(|_| "bad module".to_string())?;
-        let workflow = ElixirWorkflow {
-            dispatcher: dispatcher.clone(),
-            module,
-        };
-        b = b.workflow(name.clone(), workflow);
-        for (step, key) in step_rates {
-            b = b.step_rate_limit(name.clone(), step, key);
+    /// A builder with every option and workflow; the builder checks the
+    /// values when it validates or builds.
+    fn builder(&self, dispatcher: &Arc<Dispatcher>) -> EngineBuilder {
+        let mut b = self.options.apply(Engine::builder());
+        for (name, module) in &self.workflows {
+            let workflow = ElixirWorkflow {
+                dispatcher: dispatcher.clone(),
+                module: module.clone(),
+            };
+            b = b.workflow(name, workflow);
         }
+        b
     }
-    if let Some(d) = ms(field(config, "poll_interval")?) {
-        b = b.poll_interval(d);
+}
+
+/// Checks the options and workflows as the engine will when it starts,
+/// without connecting: `:ok` or `{:error, {kind, field, message}}`. On a
+/// dirty scheduler: the options are the caller's, of any size.
+#[rustler::nif(schedule = "DirtyCpu")]
+fn engine_check<'a>(
+    env: Env<'a>,
+    options: Term<'a>,
+    workflows: Vec<(String, Term<'a>)>,
+) -> Term<'a> {
+    let checked = Config::read(options, workflows)
+        .and_then(|c| c.builder(&Arc::new(Dispatcher::new())).validate());
+    match checked {
+        Ok(()) => atoms::ok().encode(env),
+        Err(e) => core_error_term(env, &e, ""),
     }
-    if let Some(d) = ms(field(config, "heartbeat_interval")?) {
-        b = b.heartbeat_interval(d);
-    }
-    if let Some(d) = ms(field(config, "lease")?) {
-        b = b.lease(d);
-    }
-    if let Some(d) = ms(field(config, "shutdown_timeout")?) {
-        b = b.shutdown_timeout(d);
-    }
-    if let Some(d) = ms(field(config, "gc_interval")?) {
-        b = b.gc_interval(d);
-    }
-    if let Some((base, max)) = field::<Option<(u64, u64)>>(config, "backoff")? {
-        b = b.backoff(Duration::from_millis(base), Duration::from_millis(max));
-    }
-    // nil: the default; 0: keep finished instances forever.
-    if let Some(r) = field::<Option<u64>>(config, "retention")? {
-        b = b.retention(if r == 0 {
-            None
-        } else {
-            Some(Duration::from_millis(r))
-        });
-    }
-    if let Some(n) = field::<Option<u32>>(config, "pool_size")? {
-        b = b.max_connections(n);
-    }
-    Ok(b)
 }
 
 // ---------------------------------------------------------------------------
@@ -197,23 +183,25 @@ fn engine_new(env: Env) -> Term {
 /// Builds (validates, connects, migrates) and starts the tree's engine,
 /// owned by the calling process: when it dies, the node stops. A node the
 /// tree still runs (its previous owner was killed) is stopped first, so a
-/// tree never runs two. Replies `:ok`.
-#[rustler::nif]
+/// tree never runs two. Replies `:ok`. The options were checked by
+/// `engine_check/2` before the tree started; they are read again here, on
+/// a dirty scheduler too, whatever their size.
+#[rustler::nif(schedule = "DirtyCpu")]
 fn engine_start<'a>(
     env: Env<'a>,
     res: ResourceArc<EngineRes>,
-    config: Term<'a>,
+    options: Term<'a>,
+    workflows: Vec<(String, Term<'a>)>,
     reply_ref: Term<'a>,
 ) -> Term<'a> {
+    let config = match Config::read(options, workflows) {
+        Ok(c) => c,
+        Err(e) => return core_error_term(env, &e, ""),
+    };
     // The same configuration twice: the node, and its standby for client
     // calls while it stops.
-    let (builder, standby) = match (
-        build_engine(config, &res.tree.dispatcher),
-        build_engine(config, &res.tree.dispatcher),
-    ) {
-        (Ok(b), Ok(s)) => (b, s),
-        (Err(e), _) | (_, Err(e)) => return error_term(env, atoms::invalid_config(), None, e),
-    };
+    let builder = config.builder(&res.tree.dispatcher);
+    let standby = config.builder(&res.tree.dispatcher);
     let owner = env.pid();
     spawn_reply(env, reply_ref, async move {
         let tree = res.tree.clone();

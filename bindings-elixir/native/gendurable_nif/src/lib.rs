@@ -17,7 +17,9 @@
 //! (which it does not support).
 //!
 //! This crate only converts values, maps errors and bridges callbacks; every
-//! semantic lives in the core.
+//! semantic lives in the core, options included: the engine's options and
+//! inserts arrive as maps, become JSON and are read and checked by
+//! `gendurable::options`, whose messages reach the caller unchanged.
 //!
 //! * `engine`: a supervision tree's engine, its options, start and stop.
 //! * `client`: insert, get, signal, cancel.
