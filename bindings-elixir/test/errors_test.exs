@@ -71,6 +71,24 @@ defmodule GenDurable.ErrorsTest do
     assert {:error, %Error{field: :payload}} = GenDurable.signal("s", [nest.(100_000)], engine: e)
   end
 
+  test "insert options are translated for the core", %{engine: e} do
+    at = DateTime.add(DateTime.utc_now(), 3600, :second)
+
+    {:ok, id} =
+      insert(e,
+        queue: :other,
+        concurrency_key: {:account, 7},
+        rate_limit: nil,
+        scheduled_at: DateTime.to_iso8601(at),
+        priority: 3
+      )
+
+    assert {:ok, i} = GenDurable.get(id, engine: e)
+    assert {i.queue, i.concurrency_key, i.priority} == {"other", "account:7", 3}
+    assert abs(DateTime.diff(i.scheduled_at, at, :millisecond)) < 1000
+    assert {:ok, :now} = GenDurable.cancel(id, engine: e)
+  end
+
   test "bad workflow names", %{engine: e} do
     assert {:error, %Error{kind: :invalid_input, field: :workflow}} =
              GenDurable.insert(123, engine: e)
@@ -186,6 +204,23 @@ defmodule GenDurable.ErrorsTest do
 
       assert {:error, %Error{message: m}} = GenDurable.start_link(:nope)
       assert m =~ "keyword list"
+    end
+
+    test "every option the core reads is accepted" do
+      e =
+        start_engine(
+          node_id: "errors-test-#{unique()}",
+          queues: %{"default" => 2, other: 1},
+          concurrency_limits: [stripe: %{limit: 2, shards: 2}],
+          rate_limits: [{"openai", [limit: 10, period: 1000, burst: 2]}],
+          gc_interval: 1000,
+          connect_timeout: 5000,
+          retention: :infinity,
+          prefetch: 0,
+          workflows: [Steps]
+        )
+
+      assert {:ok, _} = GenDurable.insert(Steps, engine: e, concurrency_key: "stripe:1")
     end
 
     test "an unreachable database is a clear error at start" do
