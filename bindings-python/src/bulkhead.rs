@@ -48,21 +48,12 @@ impl PyBulkhead {
         wait: Option<f64>,
         name: Option<String>,
     ) -> PyResult<Self> {
-        if limit < 1 {
-            return Err(invalid_config(format!(
-                "bulkhead limit must be at least 1, got {limit}"
-            )));
-        }
-        let limit = usize::try_from(limit)
-            .map_err(|_| invalid_config(format!("bulkhead limit {limit} is too large")))?;
-        if !(reclaim_after.is_finite() && reclaim_after > 0.0) {
-            return Err(invalid_config(format!(
-                "bulkhead reclaim_after must be a finite number of seconds above zero, got {reclaim_after}"
-            )));
-        }
+        // The bulkhead checks the values (a limit below 1, a zero
+        // reclaim_after, an unbounded wait); a negative limit is below 1 too.
+        let limit = usize::try_from(limit).unwrap_or(0);
         let reclaim_after = Duration::try_from_secs_f64(reclaim_after).map_err(|_| {
             invalid_config(format!(
-                "bulkhead reclaim_after {reclaim_after} is out of range"
+                "bulkhead reclaim_after must be a finite number of seconds, zero or more; got {reclaim_after}"
             ))
         })?;
         let wait = match wait {

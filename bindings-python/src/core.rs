@@ -6,11 +6,12 @@
 //! inserts included, goes through this engine, whether or not its node runs.
 
 use crate::block_on;
-use crate::config::{Settings, CONNECT_TIMEOUT};
+use crate::config::{builder, connect_timeout, engine_options};
 use crate::errors::{connect_error, invalid_config, raise, IntoPyResult};
-use crate::instance::{cancelled_str, instance_to_py, new_instance, InstanceOut, NewTuple};
-use crate::values::{config_seconds, to_json};
+use crate::instance::{cancelled_str, instance_to_py, new_instance, InstanceOut};
+use crate::values::to_json;
 use crate::workflow::{register, Hooks, WorkflowTable};
+use gendurable::options::EngineOptions;
 use gendurable::{Engine, EngineBuilder};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -27,7 +28,7 @@ const FORCED_GRACE: Duration = Duration::from_secs(5);
 /// A configured engine. Made by `gendurable.Engine`; not public API.
 #[pyclass(frozen, module = "gendurable._gendurable")]
 pub(crate) struct Core {
-    settings: Settings,
+    options: EngineOptions,
     hooks: Arc<Hooks>,
     built: OnceLock<Built>,
     /// Whether the node runs (started and not yet shut down).
@@ -43,7 +44,7 @@ struct Built {
 impl Core {
     /// The builder with these workflows (the core checks them with the rest).
     fn builder(&self, workflows: Vec<WorkflowTable>) -> EngineBuilder {
-        register(self.settings.builder(), workflows, &self.hooks)
+        register(builder(&self.options), workflows, &self.hooks)
     }
 
     fn engine(&self) -> PyResult<&Engine> {
@@ -55,7 +56,7 @@ impl Core {
         Ok(Client {
             engine: built.engine.clone(),
             migrated: built.migrated.clone(),
-            timeout: self.settings.connect_timeout,
+            timeout: connect_timeout(&self.options),
         })
     }
 }
@@ -119,71 +120,15 @@ impl Client {
 
 #[pymethods]
 impl Core {
-    /// Durations are seconds; the core checks the configuration (nothing
-    /// connects yet).
+    /// `options`: a dict of the core's engine options
+    /// (`gendurable::options::EngineOptions`), which the core reads and
+    /// checks. Nothing connects yet.
     #[new]
-    #[pyo3(signature = (url, schema, node_id, queues, gates, rates, heartbeat_interval,
-        lease, poll_interval, gc_interval, shutdown_timeout, retention_set, retention,
-        backoff, max_connections, connect_timeout=None))]
-    #[allow(clippy::too_many_arguments)]
-    fn new(
-        py: Python<'_>,
-        url: String,
-        schema: String,
-        node_id: Option<String>,
-        queues: Vec<(String, u32)>,
-        gates: Vec<(String, u32, u32)>,
-        rates: Vec<(String, u32, f64, u32)>,
-        heartbeat_interval: Option<f64>,
-        lease: Option<f64>,
-        poll_interval: Option<f64>,
-        gc_interval: Option<f64>,
-        shutdown_timeout: Option<f64>,
-        retention_set: bool,
-        retention: Option<f64>,
-        backoff: Option<(f64, f64)>,
-        max_connections: Option<u32>,
-        connect_timeout: Option<f64>,
-    ) -> PyResult<Core> {
-        let opt = |what: &str, v: Option<f64>| v.map(|s| config_seconds(what, s)).transpose();
-        let mut rates_d = Vec::with_capacity(rates.len());
-        for (name, limit, period, burst) in rates {
-            let period = config_seconds(&format!("rate_limits[{name:?}] period"), period)?;
-            rates_d.push((name, limit, period, burst));
-        }
-        let settings = Settings {
-            url,
-            schema,
-            node_id,
-            queues,
-            gates,
-            rates: rates_d,
-            heartbeat_interval: opt("heartbeat_interval", heartbeat_interval)?,
-            lease: opt("lease", lease)?,
-            poll_interval: opt("poll_interval", poll_interval)?,
-            gc_interval: opt("gc_interval", gc_interval)?,
-            shutdown_timeout: opt("shutdown_timeout", shutdown_timeout)?,
-            retention: if retention_set {
-                Some(opt("retention", retention)?)
-            } else {
-                None
-            },
-            backoff: match backoff {
-                Some((b, m)) => Some((
-                    config_seconds("backoff base", b)?,
-                    config_seconds("backoff max", m)?,
-                )),
-                None => None,
-            },
-            max_connections,
-            connect_timeout: opt("connect_timeout", connect_timeout)?.unwrap_or(CONNECT_TIMEOUT),
-        };
-        if settings.queues.is_empty() {
-            return Err(invalid_config("queues: give at least one queue"));
-        }
-        settings.builder().validate().py_err()?;
+    fn new(py: Python<'_>, options: &Bound<'_, PyAny>) -> PyResult<Core> {
+        let options = engine_options(options)?;
+        builder(&options).validate().py_err()?;
         Ok(Core {
-            settings,
+            options,
             hooks: Arc::new(Hooks::new(py)?),
             built: OnceLock::new(),
             running: AtomicBool::new(false),
@@ -244,9 +189,9 @@ impl Core {
 
     /// Insert; while the node runs, an idle one starts what it can at once
     /// (see the core's `Engine::insert_many`).
-    fn insert_many(&self, py: Python<'_>, news: Vec<NewTuple<'_>>) -> PyResult<Vec<i64>> {
+    fn insert_many(&self, py: Python<'_>, news: Vec<Bound<'_, PyAny>>) -> PyResult<Vec<i64>> {
         let news = news
-            .into_iter()
+            .iter()
             .map(new_instance)
             .collect::<PyResult<Vec<_>>>()?;
         let c = self.client()?;
@@ -258,10 +203,10 @@ impl Core {
     fn insert_many_async<'py>(
         &self,
         py: Python<'py>,
-        news: Vec<NewTuple<'_>>,
+        news: Vec<Bound<'_, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let news = news
-            .into_iter()
+            .iter()
             .map(new_instance)
             .collect::<PyResult<Vec<_>>>()?;
         let c = self.client()?;
@@ -423,15 +368,8 @@ impl Core {
 
     fn __repr__(&self) -> String {
         match self.built.get() {
-            Some(b) => format!(
-                "<gendurable engine schema={:?} node={:?}>",
-                self.settings.schema,
-                b.engine.node_id()
-            ),
-            None => format!(
-                "<gendurable engine schema={:?}, not built>",
-                self.settings.schema
-            ),
+            Some(b) => format!("<gendurable engine node={:?}>", b.engine.node_id()),
+            None => "<gendurable engine, not built>".to_owned(),
         }
     }
 }

@@ -1,75 +1,30 @@
 //! Instances between Python and the core: what is inserted, what is read
 //! back, what a cancel did.
 
-use crate::errors::invalid_input;
-use crate::values::{epoch, seconds, timestamp, to_json, to_py};
+use crate::errors::{to_py as error, IntoPyResult};
+use crate::values::{epoch, options_json, to_py};
+use gendurable::options::InsertOptions;
 use gendurable::{Cancelled, Instance, NewInstance};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
-/// One instance to insert, as passed by the Python layer:
-/// `(workflow, state, step, queue, priority, concurrency_key, rate_limit,
-///   schedule_in, scheduled_at, max_attempts)`.
-pub(crate) type NewTuple<'py> = (
-    String,
-    Bound<'py, PyAny>,
-    String,
-    String,
-    Bound<'py, PyAny>,
-    Option<String>,
-    Option<String>,
-    Option<f64>,
-    Option<f64>,
-    Bound<'py, PyAny>,
-);
-
-/// The core's `NewInstance`; the core checks every value when it inserts.
-pub(crate) fn new_instance(t: NewTuple<'_>) -> PyResult<NewInstance> {
-    let (
-        workflow,
-        state,
-        step,
-        queue,
-        priority,
-        ckey,
-        rkey,
-        schedule_in,
-        scheduled_at,
-        max_attempts,
-    ) = t;
-    let state = to_json("state", &state)?;
-    let mut new = NewInstance::new(workflow, state)
-        .step(step)
-        .queue(queue)
-        .priority(int("priority", &priority)?)
-        .max_attempts(int("max_attempts", &max_attempts)?);
-    if let Some(k) = ckey {
-        new = new.concurrency_key(k);
+/// An instance to insert from a dict of the core's insert options
+/// (`gendurable::options::InsertOptions`), read and checked by the core.
+pub(crate) fn new_instance(obj: &Bound<'_, PyAny>) -> PyResult<NewInstance> {
+    let d = obj.cast::<PyDict>()?;
+    let mut map = serde_json::Map::with_capacity(d.len());
+    for (k, v) in d.iter() {
+        let option: String = k.extract()?;
+        // Each option on its own: the state's nesting counts from the state.
+        let value = options_json(&v).map_err(|bad| {
+            error(InsertOptions::error_at(
+                &option,
+                &format!("is not JSON: {}", bad.why),
+            ))
+        })?;
+        map.insert(option, value);
     }
-    if let Some(k) = rkey {
-        new = new.rate_limit(k);
-    }
-    if let Some(s) = schedule_in {
-        new = new.schedule_in(seconds("schedule_in", s)?);
-    }
-    if let Some(t) = scheduled_at {
-        new = new.scheduled_at(timestamp("scheduled_at", t)?);
-    }
-    Ok(new)
-}
-
-/// A Python int as the integer type the core takes for `field`: one that
-/// does not fit is refused as such; what fits, the core judges.
-fn int<'py, T>(field: &'static str, v: &Bound<'py, PyAny>) -> PyResult<T>
-where
-    T: for<'a> FromPyObject<'a, 'py>,
-{
-    v.extract::<T>().map_err(|_| {
-        invalid_input(
-            field,
-            format!("{v} does not fit in {}", std::any::type_name::<T>()),
-        )
-    })
+    NewInstance::from_json(serde_json::Value::Object(map)).py_err()
 }
 
 pub(crate) fn instance_to_py<'py>(py: Python<'py>, i: &Instance) -> PyResult<Bound<'py, PyDict>> {

@@ -1,10 +1,9 @@
-//! Values between Python and the core: JSON, durations, times, names.
+//! Values between Python and the core: JSON, times, names.
 
-use crate::errors::{invalid_config, invalid_input, IntoPyResult};
+use crate::errors::{invalid_input, IntoPyResult};
 use chrono::{DateTime, Utc};
 use pyo3::prelude::*;
 use serde_json::Value;
-use std::time::Duration;
 
 /// Deepest nesting accepted in a state or payload.
 const MAX_DEPTH: usize = gendurable::validate::MAX_DEPTH;
@@ -13,13 +12,41 @@ const MAX_DEPTH: usize = gendurable::validate::MAX_DEPTH;
 /// (finite), bool and None, as JSON. Anything else is refused rather than
 /// guessed at (a set is not silently turned into a list).
 pub(crate) fn to_json(field: &'static str, obj: &Bound<'_, PyAny>) -> PyResult<Value> {
-    convert(obj, 0).map_err(|why| invalid_input(field, format!("is not JSON: {why}")))
+    convert(obj, 0).map_err(|bad| invalid_input(field, format!("is not JSON: {}", bad.why)))
 }
 
-fn convert(obj: &Bound<'_, PyAny>, depth: usize) -> Result<Value, String> {
+/// A value that is not JSON: where (keys and indexes from the outside in)
+/// and why.
+pub(crate) struct NotJson {
+    pub path: Vec<String>,
+    pub why: String,
+}
+
+impl NotJson {
+    fn new(why: String) -> NotJson {
+        NotJson {
+            path: Vec::new(),
+            why,
+        }
+    }
+
+    /// Inside the item `at` of its container.
+    fn within(mut self, at: String) -> NotJson {
+        self.path.insert(0, at);
+        self
+    }
+}
+
+/// [`to_json`] for options, saying where a value is not JSON.
+pub(crate) fn options_json(obj: &Bound<'_, PyAny>) -> Result<Value, NotJson> {
+    convert(obj, 0)
+}
+
+fn convert(obj: &Bound<'_, PyAny>, depth: usize) -> Result<Value, NotJson> {
     use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
+    let bad = |why: String| Err(NotJson::new(why));
     if depth > MAX_DEPTH {
-        return Err(format!("nested deeper than {MAX_DEPTH} levels"));
+        return bad(format!("nested deeper than {MAX_DEPTH} levels"));
     }
     if obj.is_none() {
         return Ok(Value::Null);
@@ -28,10 +55,10 @@ fn convert(obj: &Bound<'_, PyAny>, depth: usize) -> Result<Value, String> {
         return Ok(Value::Bool(b.is_true()));
     }
     if let Ok(s) = obj.cast::<PyString>() {
-        return s
-            .extract::<String>()
-            .map(Value::String)
-            .map_err(|_| "a str that is not valid UTF-8 (lone surrogates)".to_owned());
+        return match s.extract::<String>() {
+            Ok(s) => Ok(Value::String(s)),
+            Err(_) => bad("a str that is not valid UTF-8 (lone surrogates)".to_owned()),
+        };
     }
     if let Ok(i) = obj.cast::<PyInt>() {
         if let Ok(v) = i.extract::<i64>() {
@@ -40,42 +67,44 @@ fn convert(obj: &Bound<'_, PyAny>, depth: usize) -> Result<Value, String> {
         if let Ok(v) = i.extract::<u64>() {
             return Ok(Value::from(v));
         }
-        return Err(format!("the int {i} does not fit in 64 bits"));
+        return bad(format!("the int {i} does not fit in 64 bits"));
     }
     if let Ok(f) = obj.cast::<PyFloat>() {
         let v = f.value();
-        return serde_json::Number::from_f64(v)
-            .map(Value::Number)
-            .ok_or_else(|| format!("the float {v} is not a JSON number"));
+        return match serde_json::Number::from_f64(v) {
+            Some(n) => Ok(Value::Number(n)),
+            None => bad(format!("the float {v} is not a JSON number")),
+        };
     }
     if let Ok(d) = obj.cast::<PyDict>() {
         let mut map = serde_json::Map::with_capacity(d.len());
         for (k, v) in d.iter() {
-            let key = k
-                .cast::<PyString>()
-                .map_err(|_| format!("a dict key is not a str: {}", repr(&k)))?
-                .extract::<String>()
-                .map_err(|_| "a dict key is not valid UTF-8".to_owned())?;
-            let value = convert(&v, depth + 1)?;
-            map.insert(key, value);
+            let Ok(k) = k.cast::<PyString>() else {
+                return bad(format!("a dict key is not a str: {}", repr(&k)));
+            };
+            let Ok(key) = k.extract::<String>() else {
+                return bad("a dict key is not valid UTF-8".to_owned());
+            };
+            match convert(&v, depth + 1) {
+                Ok(value) => map.insert(key, value),
+                Err(e) => return Err(e.within(key)),
+            };
         }
         return Ok(Value::Object(map));
     }
-    if let Ok(l) = obj.cast::<PyList>() {
-        return l
-            .iter()
-            .map(|v| convert(&v, depth + 1))
+    let items = |it: &mut dyn Iterator<Item = Bound<'_, PyAny>>| {
+        it.enumerate()
+            .map(|(i, v)| convert(&v, depth + 1).map_err(|e| e.within(i.to_string())))
             .collect::<Result<_, _>>()
-            .map(Value::Array);
+            .map(Value::Array)
+    };
+    if let Ok(l) = obj.cast::<PyList>() {
+        return items(&mut l.iter());
     }
     if let Ok(t) = obj.cast::<PyTuple>() {
-        return t
-            .iter()
-            .map(|v| convert(&v, depth + 1))
-            .collect::<Result<_, _>>()
-            .map(Value::Array);
+        return items(&mut t.iter());
     }
-    Err(format!(
+    bad(format!(
         "a {} is not a JSON value ({})",
         type_name(obj),
         repr(obj)
@@ -108,25 +137,6 @@ fn repr(obj: &Bound<'_, PyAny>) -> String {
 /// JSON as a Python object.
 pub(crate) fn to_py<'py>(py: Python<'py>, value: &Value) -> PyResult<Bound<'py, PyAny>> {
     pythonize::pythonize(py, value).map_err(PyErr::from)
-}
-
-/// Seconds (a float) as a duration; `field` names it in the error.
-pub(crate) fn seconds(field: &'static str, secs: f64) -> PyResult<Duration> {
-    Duration::try_from_secs_f64(secs).map_err(|_| {
-        invalid_input(
-            field,
-            format!("must be a finite number of seconds, zero or more; got {secs}"),
-        )
-    })
-}
-
-/// Seconds of a configuration setting.
-pub(crate) fn config_seconds(what: &str, secs: f64) -> PyResult<Duration> {
-    Duration::try_from_secs_f64(secs).map_err(|_| {
-        invalid_config(format!(
-            "{what} must be a finite number of seconds, zero or more; got {secs}"
-        ))
-    })
 }
 
 /// A Unix timestamp (seconds) as a UTC time.

@@ -109,24 +109,33 @@ def test_bad_signal(engine):
     assert exc.value.field == "payload"
 
 
-def test_bad_transitions():
-    with pytest.raises(InvalidInput):
-        Await("next", {})
+def test_an_await_on_nothing_fails_its_attempt(make_engine):
+    engine = make_engine()
+
+    @engine.workflow("Forever")
+    def forever(step, state, ctx):
+        return Await("next", state)  # no signal, timeout or time: the core refuses it
+
+    id_ = engine.insert("Forever", {}, max_attempts=1)
+    engine.start()
+    inst = wait_until(lambda: (i := engine.get(id_)).finished and i, "the attempt to fail")
+    assert inst.status == "discarded"
+    assert "invalid await: " in inst.errors[-1]["message"], inst.errors
 
 
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
         ({"queues": {"default": 0}}, "at least 1"),
-        ({"queues": {"default": "10"}}, "must be an int"),
+        ({"queues": {"default": "10"}}, "queues.default: expected a positive integer"),
         ({"queues": {"": 1}}, "queue"),
-        ({"queues": [("default", 1)]}, "must be a dict"),
+        ({"queues": [("default", 1)]}, "queues: expected a map"),
         ({"concurrency_limits": {"stripe": {"limit": 0}}}, "at least 1"),
         ({"concurrency_limits": {"stripe": {"limit": 5, "shards": 0}}}, "shards"),
-        ({"concurrency_limits": {"stripe": {"limt": 5}}}, "unknown option 'limt'"),
-        ({"concurrency_limits": {"stripe": {"shards": 5}}}, "'limit' is required"),
+        ({"concurrency_limits": {"stripe": {"limt": 5}}}, 'stripe: unknown option "limt"'),
+        ({"concurrency_limits": {"stripe": {"shards": 5}}}, "stripe: limit is required"),
         ({"concurrency_limits": {"a:b": 5}}, "not a key name"),
-        ({"rate_limits": {"openai": {"limit": 10}}}, "'period' is required"),
+        ({"rate_limits": {"openai": {"limit": 10}}}, "openai: period is required"),
         ({"rate_limits": {"openai": {"limit": 10, "period": 0}}}, "period"),
         ({"rate_limits": {"openai": {"limit": 10, "period": 1, "burst": 0}}}, "burst"),
         ({"rate_limits": {"openai": {"limit": 10, "period": 1, "every": 1}}}, "unknown option"),
@@ -140,6 +149,12 @@ def test_bad_transitions():
 def test_bad_config(database_url, kwargs, match):
     with pytest.raises(InvalidConfig, match=match):
         gendurable.Engine(database_url, **kwargs)
+
+
+def test_a_url_that_does_not_parse(schema):
+    engine = gendurable.Engine("not a url", schema=schema)
+    with pytest.raises(InvalidConfig, match="database url"):
+        engine.insert("W", {})
 
 
 def test_no_url(monkeypatch):

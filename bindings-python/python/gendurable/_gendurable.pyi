@@ -9,39 +9,12 @@ __version__: str
 
 _Step = tuple[Callable[..., Any], bool, bool]
 _Workflow = tuple[str, dict[str, _Step], Optional[_Step], dict[str, str]]
-_New = tuple[
-    str,
-    Any,
-    str,
-    str,
-    int,
-    Optional[str],
-    Optional[str],
-    Optional[float],
-    Optional[float],
-    int,
-]
+_New = dict[str, Any]
+"""An insert: the core's insert options (gendurable::options::InsertOptions)."""
 
 class Core:
-    def __init__(
-        self,
-        url: str,
-        schema: str,
-        node_id: Optional[str],
-        queues: list[tuple[str, int]],
-        gates: list[tuple[str, int, int]],
-        rates: list[tuple[str, int, float, int]],
-        heartbeat_interval: Optional[float],
-        lease: Optional[float],
-        poll_interval: Optional[float],
-        gc_interval: Optional[float],
-        shutdown_timeout: Optional[float],
-        retention_set: bool,
-        retention: Optional[float],
-        backoff: Optional[tuple[float, float]],
-        max_connections: Optional[int],
-        connect_timeout: Optional[float] = None,
-    ) -> None: ...
+    def __init__(self, options: dict[str, Any]) -> None:
+        """``options``: the core's engine options (gendurable::options::EngineOptions)."""
     def check(self, workflows: list[_Workflow]) -> None: ...
     def build(self, workflows: list[_Workflow]) -> None: ...
     @property

@@ -8,6 +8,7 @@ import contextlib
 import datetime as _dt
 import enum
 import inspect
+import math
 import os
 import signal as _signal
 import threading
@@ -16,14 +17,13 @@ from typing import Any, Callable, Optional, TypeVar, Union
 
 from . import _gendurable
 from .errors import Error, InvalidConfig, InvalidInput
-from .transitions import ConcurrencyKey, _seconds, _timestamp, key_str
+from .transitions import ConcurrencyKey, key_str
 
 __all__ = ["Cancelled", "Engine", "Instance", "NewInstance", "workflow"]
 
 T = TypeVar("T")
 _MARK = "__gendurable_workflow__"
 _UNSET: Any = object()
-_U32 = 2**32 - 1
 
 
 def workflow(
@@ -238,9 +238,9 @@ class Instance:
 
 class NewInstance:
     """An instance to insert with :meth:`Engine.insert_many`; the arguments
-    are those of :meth:`Engine.insert`."""
+    are those of :meth:`Engine.insert`. They are checked when inserted."""
 
-    __slots__ = ("_t",)
+    __slots__ = ("_d",)
 
     def __init__(
         self,
@@ -256,35 +256,27 @@ class NewInstance:
         scheduled_at: Optional[_dt.datetime] = None,
         max_attempts: int = 20,
     ) -> None:
-        if schedule_in is not None and scheduled_at is not None:
-            raise InvalidInput(
-                "invalid schedule_in: give schedule_in or scheduled_at, not both",
-                field="schedule_in",
-            )
-        self._t = (
-            _workflow_name(workflow),
-            {} if state is None else state,
-            _str("step", step),
-            _str("queue", queue),
-            _int("priority", priority),
-            None if concurrency_key is None else key_str(concurrency_key),
-            None if rate_limit is None else _str("rate_limit", rate_limit),
-            _seconds("schedule_in", schedule_in),
-            _timestamp("scheduled_at", scheduled_at),
-            _int("max_attempts", max_attempts),
-        )
+        # The core's insert options (gendurable::options::InsertOptions).
+        self._d = {
+            "workflow": _workflow_name(workflow),
+            "state": {} if state is None else state,
+            "step": step,
+            "queue": queue,
+            "priority": priority,
+            "concurrency_key": None if concurrency_key is None else key_str(concurrency_key),
+            "rate_limit": rate_limit,
+            "schedule_in": _millis(schedule_in),
+            "scheduled_at": _rfc3339(scheduled_at),
+            "max_attempts": max_attempts,
+        }
 
     def __repr__(self) -> str:
-        return f"NewInstance({self._t[0]!r}, {self._t[1]!r})"
+        return f"NewInstance({self._d['workflow']!r}, {self._d['state']!r})"
 
 
-def _int(field: str, v: Any) -> int:
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise InvalidInput(f"invalid {field}: must be an int, got {v!r}", field=field)
-    return v
-
-
-def _workflow_name(w: Any) -> str:
+def _workflow_name(w: Any) -> Any:
+    """The name of a decorated workflow; a name (or anything else but code)
+    as it is, for the core to judge."""
     if isinstance(w, str):
         return w
     marks = getattr(w, _MARK, None)
@@ -292,66 +284,62 @@ def _workflow_name(w: Any) -> str:
         names = {m[0] for m in marks}
         if len(names) == 1:
             return next(iter(names))
-    raise InvalidInput(
-        f"invalid workflow: give a workflow name or a decorated workflow, got {w!r}",
-        field="workflow",
-    )
+    if marks or callable(w):
+        raise InvalidInput(
+            f"invalid workflow: give a workflow name or a decorated workflow, got {w!r}",
+            field="workflow",
+        )
+    return w
 
 
-# --- configuration checks -------------------------------------------------------------
+# --- values as the core's options take them ------------------------------------------
 
 
-def _cfg_seconds(what: str, v: Any, *, zero_ok: bool = False) -> Optional[float]:
-    if v is None:
-        return None
+def _millis(v: Any) -> Any:
+    """Seconds (a number or a ``timedelta``) as the core's milliseconds;
+    anything else as it is, for the core to judge."""
     if isinstance(v, _dt.timedelta):
         v = v.total_seconds()
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise InvalidConfig(f"{what} must be a number of seconds or a timedelta, got {v!r}")
-    if not (v > 0 or (zero_ok and v == 0)) or v == float("inf"):
-        raise InvalidConfig(f"{what} must be a finite number of seconds above zero, got {v!r}")
-    return float(v)
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        ms = v * 1000
+        return round(ms) if math.isfinite(ms) else ms
+    return v
 
 
-def _cfg_req_seconds(what: str, v: Any) -> float:
+def _rfc3339(v: Any) -> Any:
+    """A ``datetime`` as the core's RFC 3339 time; a naive one has no offset,
+    which the core refuses."""
+    return v.isoformat() if isinstance(v, _dt.datetime) else v
+
+
+def _gates(v: Any) -> Any:
+    """``{"stripe": 100}`` is ``{"stripe": {"limit": 100}}``."""
+    if not isinstance(v, Mapping):
+        return v
+    return {
+        name: {"limit": g} if isinstance(g, int) and not isinstance(g, bool) else g
+        for name, g in v.items()
+    }
+
+
+def _rates(v: Any) -> Any:
+    """Periods in seconds, as the core's milliseconds."""
+    if not isinstance(v, Mapping):
+        return v
+    return {
+        name: {**r, "period": _millis(r["period"])}
+        if isinstance(r, Mapping) and "period" in r
+        else r
+        for name, r in v.items()
+    }
+
+
+def _backoff(v: Any) -> Any:
     if v is None:
-        raise InvalidConfig(f"{what} is required")
-    s = _cfg_seconds(what, v)
-    assert s is not None
-    return s
-
-
-def _cfg_int(what: str, v: Any) -> int:
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise InvalidConfig(f"{what} must be an int, got {v!r}")
-    if not 1 <= v <= _U32:
-        raise InvalidConfig(f"{what} must be at least 1, got {v}")
-    return v
-
-
-def _cfg_mapping(what: str, v: Any) -> Mapping[str, Any]:
-    if not isinstance(v, Mapping):
-        raise InvalidConfig(f"{what} must be a dict, got {v!r}")
-    for k in v:
-        if not isinstance(k, str):
-            raise InvalidConfig(f"{what}: names must be str, got {k!r}")
-    return v
-
-
-def _cfg_options(what: str, v: Any, allowed: tuple[str, ...], required: tuple[str, ...]) -> dict:
-    if isinstance(v, int) and not isinstance(v, bool) and "limit" in allowed:
-        v = {"limit": v}
-    if not isinstance(v, Mapping):
-        raise InvalidConfig(f"{what} must be a dict of {', '.join(allowed)}, got {v!r}")
-    unknown = [k for k in v if k not in allowed]
-    if unknown:
-        raise InvalidConfig(
-            f"{what}: unknown option {unknown[0]!r} (expected {', '.join(allowed)})"
-        )
-    missing = [k for k in required if k not in v]
-    if missing:
-        raise InvalidConfig(f"{what}: {missing[0]!r} is required")
-    return dict(v)
+        return None
+    if not (isinstance(v, (tuple, list)) and len(v) == 2):
+        raise InvalidConfig(f"backoff must be a (base, max) pair of seconds, got {v!r}")
+    return {"base": _millis(v[0]), "max": _millis(v[1])}
 
 
 # Running engines: kept alive while they run, shut down at interpreter exit.
@@ -433,8 +421,15 @@ class Engine:
     :class:`gendurable.CannotConnect` naming the cause (a refused connection,
     an unknown host, a refused password) at once.
 
-    A bad configuration raises :class:`gendurable.InvalidConfig` here; nothing
-    connects to the database until the first call that needs it.
+    A bad configuration raises :class:`gendurable.InvalidConfig` here (a url
+    that does not parse: at the first call); nothing connects to the database
+    until the first call that needs it. The options are the core's
+    (``gendurable::options``), durations in seconds given to it in
+    milliseconds.
+
+    Register every workflow before the first call (an insert, :meth:`get`,
+    :meth:`start`...): it builds the one engine that its calls and its worker
+    go through, with the workflows registered by then.
     """
 
     def __init__(
@@ -464,71 +459,29 @@ class Engine:
                 "no database: pass url=... or set DATABASE_URL"
                 " (in tests, gendurable.testing.postgres() gives a throwaway one)"
             )
-        if not isinstance(url, str):
-            raise InvalidConfig(f"url must be a str, got {url!r}")
-        if not isinstance(schema, str):
-            raise InvalidConfig(f"schema must be a str, got {schema!r}")
-        if node_id is not None and not isinstance(node_id, str):
-            raise InvalidConfig(f"node_id must be a str, got {node_id!r}")
-        qs = _cfg_mapping("queues", {"default": 10} if queues is None else queues)
-        queue_list = [(q, _cfg_int(f"queues[{q!r}]", n)) for q, n in qs.items()]
-        gates = []
-        for name, opts in _cfg_mapping("concurrency_limits", concurrency_limits or {}).items():
-            what = f"concurrency_limits[{name!r}]"
-            o = _cfg_options(what, opts, ("limit", "shards"), ("limit",))
-            gates.append(
-                (
-                    name,
-                    _cfg_int(f"{what} limit", o["limit"]),
-                    _cfg_int(f"{what} shards", o.get("shards", 1)),
-                )
-            )
-        rates = []
-        for name, opts in _cfg_mapping("rate_limits", rate_limits or {}).items():
-            what = f"rate_limits[{name!r}]"
-            o = _cfg_options(what, opts, ("limit", "period", "burst"), ("limit", "period"))
-            rates.append(
-                (
-                    name,
-                    _cfg_int(f"{what} limit", o["limit"]),
-                    _cfg_req_seconds(f"{what} period", o["period"]),
-                    _cfg_int(f"{what} burst", o.get("burst", 1)),
-                )
-            )
-        backoff_secs: Optional[tuple[float, float]] = None
-        if backoff is not None:
-            if not (isinstance(backoff, (tuple, list)) and len(backoff) == 2):
-                raise InvalidConfig(
-                    f"backoff must be a (base, max) pair of seconds, got {backoff!r}"
-                )
-            backoff_secs = (
-                _cfg_req_seconds("backoff base", backoff[0]),
-                _cfg_req_seconds("backoff max", backoff[1]),
-            )
-        if max_connections is not None:
-            max_connections = _cfg_int("max_connections", max_connections)
-        retention_set = retention is not _UNSET
+        # The core's engine options (gendurable::options::EngineOptions).
+        options = {
+            "url": url,
+            "schema": schema,
+            "node_id": node_id,
+            "queues": {"default": 10} if queues is None else queues,
+            "concurrency_limits": _gates(concurrency_limits),
+            "rate_limits": _rates(rate_limits),
+            "poll_interval": _millis(poll_interval),
+            "heartbeat_interval": _millis(heartbeat_interval),
+            "lease": _millis(lease),
+            "shutdown_timeout": _millis(shutdown_timeout),
+            "gc_interval": _millis(gc_interval),
+            "connect_timeout": _millis(connect_timeout),
+            "backoff": _backoff(backoff),
+            "pool_size": max_connections,
+        }
+        if retention is not _UNSET:
+            options["retention"] = "infinity" if retention is None else _millis(retention)
         _check_fork()
         global _used
         _used = True
-        self._core = _gendurable.Core(
-            url,
-            schema,
-            node_id,
-            queue_list,
-            gates,
-            rates,
-            _cfg_seconds("heartbeat_interval", heartbeat_interval),
-            _cfg_seconds("lease", lease),
-            _cfg_seconds("poll_interval", poll_interval),
-            _cfg_seconds("gc_interval", gc_interval),
-            _cfg_seconds("shutdown_timeout", shutdown_timeout, zero_ok=True),
-            retention_set,
-            _cfg_seconds("retention", retention) if retention_set else None,
-            backoff_secs,
-            max_connections,
-            _cfg_seconds("connect_timeout", connect_timeout),
-        )
+        self._core = _gendurable.Core(options)
         self.schema = schema
         self._workflows: dict[str, _Workflow] = {}
         # Held while workflows are registered, the engine is built, and the
@@ -660,7 +613,7 @@ class Engine:
             max_attempts=max_attempts,
         )
         _check_fork()
-        return self._native().insert_many([new._t])[0]
+        return self._native().insert_many([new._d])[0]
 
     async def insert_async(
         self,
@@ -689,7 +642,7 @@ class Engine:
             scheduled_at=scheduled_at,
             max_attempts=max_attempts,
         )
-        ids = await self._native().insert_many_async([new._t])
+        ids = await self._native().insert_many_async([new._d])
         return ids[0]
 
     def insert_many(self, instances: Iterable[NewInstance]) -> list[int]:
@@ -902,13 +855,13 @@ def _id(v: Any) -> int:
     return v
 
 
-def _news(instances: Iterable[Any]) -> list[tuple]:
+def _news(instances: Iterable[Any]) -> list[dict[str, Any]]:
     out = []
     for n in instances:
         if isinstance(n, NewInstance):
-            out.append(n._t)
+            out.append(n._d)
         elif isinstance(n, Mapping):
-            out.append(NewInstance(**n)._t)
+            out.append(NewInstance(**n)._d)
         else:
             raise InvalidInput(
                 f"invalid instances: expected NewInstance objects, got {n!r}", field="instances"

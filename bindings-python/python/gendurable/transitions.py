@@ -69,6 +69,8 @@ def key_str(key: ConcurrencyKey, field: str = "concurrency_key") -> str:
 
 
 def _seconds(field: str, value: Any) -> Optional[float]:
+    """Seconds as the native side takes them (which refuses a negative or
+    infinite duration)."""
     if value is None:
         return None
     if isinstance(value, _dt.timedelta):
@@ -78,15 +80,12 @@ def _seconds(field: str, value: Any) -> Optional[float]:
             f"invalid {field}: must be seconds (a number) or a timedelta, got {value!r}",
             field=field,
         )
-    if not value >= 0 or value == float("inf"):
-        raise InvalidInput(
-            f"invalid {field}: must be a finite number of seconds, zero or more; got {value!r}",
-            field=field,
-        )
     return float(value)
 
 
 def _timestamp(field: str, value: Any) -> Optional[float]:
+    """A time as the native side takes it: seconds since the epoch, which
+    say nothing of whether the datetime had a zone, so it is checked here."""
     if value is None:
         return None
     if not isinstance(value, _dt.datetime):
@@ -182,7 +181,8 @@ class Await(Transition):
 
     At least one of ``signal`` (a name sent with ``engine.signal``),
     ``timeout`` (seconds or a timedelta) and ``until`` (an aware datetime) is
-    needed. The step that runs next sees why in ``ctx.wake``.
+    needed: the engine refuses an await on nothing, and the attempt fails.
+    The step that runs next sees why in ``ctx.wake``.
     """
 
     __slots__ = ("signal", "state", "step", "timeout", "until")
@@ -196,10 +196,6 @@ class Await(Transition):
         timeout: Union[float, _dt.timedelta, None] = None,
         until: Optional[_dt.datetime] = None,
     ) -> None:
-        if signal is None and timeout is None and until is None:
-            raise InvalidInput(
-                "invalid await: give a signal, a timeout or an until time", field="await"
-            )
         self.step = step
         self.state = state
         self.signal = signal
