@@ -256,19 +256,25 @@ class NewInstance:
         scheduled_at: Optional[_dt.datetime] = None,
         max_attempts: int = 20,
     ) -> None:
-        # The core's insert options (gendurable::options::InsertOptions).
-        self._d = {
+        # The core's insert options (gendurable::options::InsertOptions);
+        # those left out (None) are not passed.
+        d = {
             "workflow": _workflow_name(workflow),
             "state": {} if state is None else state,
             "step": step,
             "queue": queue,
             "priority": priority,
-            "concurrency_key": None if concurrency_key is None else key_str(concurrency_key),
-            "rate_limit": rate_limit,
-            "schedule_in": _millis(schedule_in),
-            "scheduled_at": _rfc3339(scheduled_at),
             "max_attempts": max_attempts,
         }
+        if concurrency_key is not None:
+            d["concurrency_key"] = key_str(concurrency_key)
+        if rate_limit is not None:
+            d["rate_limit"] = rate_limit
+        if schedule_in is not None:
+            d["schedule_in"] = _millis(schedule_in)
+        if scheduled_at is not None:
+            d["scheduled_at"] = _rfc3339(scheduled_at)
+        self._d = d
 
     def __repr__(self) -> str:
         return f"NewInstance({self._d['workflow']!r}, {self._d['state']!r})"
