@@ -162,7 +162,7 @@ defmodule GenDurable.ErrorsTest do
 
       cases = [
         {[colour: :blue], ~s(engine options: unknown option "colour")},
-        {[queues: [default: 0]], ~s(queue "default": concurrency must be at least 1, got 0)},
+        {[queues: [default: 0]], ~s(queue "default": concurrency must be from 1 to 10000, got 0)},
         {[queues: [default: "x"]],
          ~s(engine option queues.default: expected a positive integer, got "x")},
         {[queues: :default], ~s(engine option queues: expected a map, got "default")},

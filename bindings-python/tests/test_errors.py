@@ -126,7 +126,7 @@ def test_an_await_on_nothing_fails_its_attempt(make_engine):
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"queues": {"default": 0}}, 'queue "default": concurrency must be at least 1'),
+        ({"queues": {"default": 0}}, 'queue "default": concurrency must be from 1 to 10000'),
         ({"queues": {"default": "10"}}, "queues.default: expected a positive integer"),
         ({"queues": {"": 1}}, "invalid queue: must not be empty"),
         ({"queues": [("default", 1)]}, "queues: expected a map"),

@@ -127,6 +127,11 @@ impl Default for EngineConfig {
     }
 }
 
+/// The most steps one queue of one node runs at once.
+pub const MAX_QUEUE_CONCURRENCY: u32 = 10_000;
+/// The most rows one queue claims ahead of its free slots.
+pub const MAX_PREFETCH: u32 = 1_000_000;
+
 impl EngineConfig {
     /// The most rows a queue of this concurrency claims ahead.
     pub(crate) fn prefetch_for(&self, concurrency: u32) -> u32 {
@@ -139,11 +144,17 @@ impl EngineConfig {
         validate::name("node_id", &self.node_id).map_err(|e| Error::config(e.to_string()))?;
         for (queue, &concurrency) in &self.queues {
             validate::name("queue", queue).map_err(|e| Error::config(e.to_string()))?;
-            if concurrency < 1 {
+            if !(1..=MAX_QUEUE_CONCURRENCY).contains(&concurrency) {
                 return Err(Error::config(format!(
-                    "queue {queue:?}: concurrency must be at least 1, got {concurrency}"
+                    "queue {queue:?}: concurrency must be from 1 to {MAX_QUEUE_CONCURRENCY}, \
+                     got {concurrency}"
                 )));
             }
+        }
+        if let Some(n) = self.prefetch.filter(|&n| n > MAX_PREFETCH) {
+            return Err(Error::config(format!(
+                "prefetch must be at most {MAX_PREFETCH}, got {n}"
+            )));
         }
         for (name, gate) in &self.gates {
             config_name("concurrency_limits", name)?;

@@ -130,7 +130,18 @@ async fn invalid_config_is_rejected() {
     let cases: Vec<(gendurable::EngineBuilder, &str)> = vec![
         (
             Engine::builder().url(&url).queue("default", 0),
-            "concurrency must be at least 1",
+            "concurrency must be from 1 to 10000, got 0",
+        ),
+        (
+            Engine::builder().url(&url).queue("default", u32::MAX),
+            "concurrency must be from 1 to 10000, got 4294967295",
+        ),
+        (
+            Engine::builder()
+                .url(&url)
+                .queue("default", 1)
+                .prefetch(1_000_001),
+            "prefetch must be at most 1000000",
         ),
         (Engine::builder().url(&url).schema("Bad-Schema"), "schema"),
         (

@@ -260,9 +260,10 @@ impl EngineBuilder {
         let pool = match self.connect {
             Some(Connect::Pool(pool)) => pool,
             Some(Connect::Url(url)) => {
-                let slots: u32 = self.cfg.queues.values().sum();
+                let slots: u64 = self.cfg.queues.values().map(|&n| u64::from(n)).sum();
+                let default = (slots * 2).clamp(10, u64::from(u32::MAX)) as u32;
                 PgPoolOptions::new()
-                    .max_connections(self.max_connections.unwrap_or((slots * 2).max(10)))
+                    .max_connections(self.max_connections.unwrap_or(default))
                     .acquire_timeout(self.connect_timeout)
                     // sqlx pings every connection it hands out: a round trip
                     // per statement on the claim path. Only connections idle
