@@ -69,7 +69,7 @@ pub(crate) async fn migrate(pool: &PgPool, schema: &str) -> Result<()> {
 /// `functions`, in one transaction. A node of this version replaces only
 /// what changed; a function whose parameters, result or meaning change gets
 /// a new name, so that nodes of the previous version, still running during
-/// a rolling deploy, keep calling the one they know (ARCHITECTURE.md).
+/// a rolling deploy, keep calling the one they know (docs/operations.md).
 async fn install_functions(conn: &mut PgConnection) -> Result<()> {
     let installed: Vec<(String, String)> = sqlx::query_as("SELECT name, source FROM functions")
         .fetch_all(&mut *conn)
@@ -81,35 +81,27 @@ async fn install_functions(conn: &mut PgConnection) -> Result<()> {
     if stale.is_empty() {
         return Ok(());
     }
-    conn.execute("BEGIN").await?;
-    let result = async {
-        for (name, source) in &stale {
-            if installed.iter().any(|(n, _)| n == name) {
-                tracing::info!(
-                    function = name,
-                    "replacing a function whose definition changed"
-                );
-            }
-            conn.execute(*source).await?;
-            sqlx::query(
-                "INSERT INTO functions (name, source) VALUES ($1, $2)
-                 ON CONFLICT (name) DO UPDATE SET source = excluded.source",
-            )
-            .bind(name)
-            .bind(source)
-            .execute(&mut *conn)
-            .await?;
+    // Dropped without a commit (an error), the transaction rolls back.
+    let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+    for (name, source) in &stale {
+        if installed.iter().any(|(n, _)| n == name) {
+            tracing::info!(
+                function = name,
+                "replacing a function whose definition changed"
+            );
         }
-        Ok::<_, Error>(())
+        tx.execute(*source).await?;
+        sqlx::query(
+            "INSERT INTO functions (name, source) VALUES ($1, $2)
+             ON CONFLICT (name) DO UPDATE SET source = excluded.source",
+        )
+        .bind(name)
+        .bind(source)
+        .execute(&mut *tx)
+        .await?;
     }
-    .await;
-    match result {
-        Ok(()) => conn.execute("COMMIT").await.map(drop).map_err(Error::from),
-        Err(e) => {
-            let _ = conn.execute("ROLLBACK").await;
-            Err(e)
-        }
-    }
+    tx.commit().await?;
+    Ok(())
 }
 
 /// A schema migrated by a pre-release build whose migrations were since
