@@ -27,7 +27,7 @@ CREATE FUNCTION gendurable.handoff(outcomes jsonb, node_id text, channel text, n
     SET search_path TO 'gendurable'
     SET plan_cache_mode TO 'force_generic_plan'
     SET jit TO 'off'
-    AS -- sql/functions/handoff.sql, source md5 537e6d4f5b5c81df70b123bba7a2941f
+    AS -- sql/functions/handoff.sql, source md5 84698aa6790bc0ee5e26bf5787207504
 ;
 
 CREATE FUNCTION gendurable.key_room(keys text[], gate_names text[], gate_limits integer[]) RETURNS TABLE(key text, room integer)

@@ -300,6 +300,16 @@ impl OutcomeRow {
                 }));
                 row
             }
+            Transition::Discard { reason } => {
+                let mut row = OutcomeRow::base(c, kind, "discarded");
+                row.error = Some(json!({
+                    "kind": "discard",
+                    "step": c.step,
+                    "attempt": c.attempt,
+                    "message": reason,
+                }));
+                row
+            }
             Transition::Cancel { reason } => {
                 let mut row = OutcomeRow::base(c, kind, "cancelled");
                 row.error = Some(json!({"kind": "cancel", "step": c.step, "message": reason}));
@@ -351,7 +361,10 @@ pub(crate) fn check(cfg: &EngineConfig, t: &Transition) -> Result<()> {
                 ));
             }
         }
-        Transition::Snooze { .. } | Transition::Error { .. } | Transition::Cancel { .. } => {}
+        Transition::Snooze { .. }
+        | Transition::Error { .. }
+        | Transition::Discard { .. }
+        | Transition::Cancel { .. } => {}
     }
     Ok(())
 }

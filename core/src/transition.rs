@@ -134,6 +134,9 @@ pub enum Transition {
         reason: String,
         detail: Option<String>,
     },
+    /// Failed for good: discarded now, whatever attempts are left (a
+    /// permanent error, such as a request the partner API will never accept).
+    Discard { reason: String },
     /// Stop for good.
     Cancel { reason: String },
 }
@@ -184,6 +187,13 @@ impl Transition {
         }
     }
 
+    /// `discard(reason)`: a permanent error, not retried.
+    pub fn discard(reason: impl Into<String>) -> Self {
+        Transition::Discard {
+            reason: reason.into(),
+        }
+    }
+
     /// `cancel(reason)`.
     pub fn cancel(reason: impl Into<String>) -> Self {
         Transition::Cancel {
@@ -199,6 +209,7 @@ impl Transition {
             Transition::Await { .. } => "await",
             Transition::Snooze { .. } => "snooze",
             Transition::Error { .. } => "error",
+            Transition::Discard { .. } => "discard",
             Transition::Cancel { .. } => "cancel",
         }
     }

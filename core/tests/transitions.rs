@@ -65,6 +65,10 @@ fn builder(url: &str, schema: &str, gate: Arc<Notify>) -> gendurable::EngineBuil
                     }
                     "panic" => panic!("step exploded"),
                     "cancel" => Transition::cancel("no longer needed"),
+                    "discard_after" if ctx.attempt >= action["n"].as_i64().unwrap() as i32 => {
+                        Transition::discard("the card was declined")
+                    }
+                    "discard_after" => return Err("try again".into()),
                     "block" => {
                         gate.notified().await;
                         Transition::next("after_block", state)
@@ -180,6 +184,43 @@ async fn every_transition_kind() {
     assert_eq!(i.status, Status::Discarded);
     assert_eq!(i.errors.len(), 3);
     assert_eq!(i.attempt, 3);
+
+    // discard: final at once, whatever attempts are left; the errors before
+    // it and the discard itself recorded; the key it held is free again
+    let id = engine
+        .insert(
+            plan(json!({"start": {"do": "discard_after", "n": 2}}))
+                .max_attempts(10)
+                .concurrency_key(("card", 1)),
+        )
+        .await
+        .unwrap();
+    let i = support::wait_final(&engine, id).await;
+    assert_eq!(i.status, Status::Discarded);
+    assert_eq!(i.attempt, 2);
+    assert_eq!(i.errors.len(), 2);
+    assert_eq!(i.errors[0]["kind"], "error");
+    assert_eq!(
+        (
+            &i.errors[1]["kind"],
+            &i.errors[1]["message"],
+            &i.errors[1]["attempt"]
+        ),
+        (
+            &json!("discard"),
+            &json!("the card was declined"),
+            &json!(2)
+        )
+    );
+    assert!(i.finished_at.is_some());
+    let next = engine
+        .insert(plan(json!({"start": {"do": "done"}})).concurrency_key(("card", 1)))
+        .await
+        .unwrap();
+    assert_eq!(
+        support::wait_final(&engine, next).await.status,
+        Status::Completed
+    );
 
     // a panic is an error outcome with its message
     let id = engine

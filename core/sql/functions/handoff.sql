@@ -86,8 +86,10 @@ BEGIN
                 step = coalesce(o.step, i.step),
                 state = coalesce(o.state, i.state),
                 concurrency_key = CASE WHEN o.set_key THEN o.ckey ELSE i.concurrency_key END,
-                rate_key = CASE WHEN o.kind IN ('snooze', 'error', 'release') THEN i.rate_key ELSE o.rkey END,
+                rate_key = CASE WHEN o.kind IN ('snooze', 'error', 'discard', 'release') THEN i.rate_key
+                                ELSE o.rkey END,
                 attempt = CASE o.kind WHEN 'error' THEN i.attempt
+                                      WHEN 'discard' THEN i.attempt
                                       WHEN 'snooze' THEN i.attempt - 1
                                       WHEN 'release' THEN i.attempt - 1
                                       ELSE 0 END,
