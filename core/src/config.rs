@@ -2,6 +2,7 @@
 
 use crate::error::{Error, Result};
 use crate::validate;
+use crate::workflow::WorkflowDefaults;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -104,6 +105,8 @@ pub struct EngineConfig {
     pub(crate) retention: Option<Duration>,
     pub(crate) backoff_base: Duration,
     pub(crate) backoff_max: Duration,
+    /// Per workflow: insert defaults and retry backoff.
+    pub(crate) workflow_defaults: BTreeMap<String, WorkflowDefaults>,
 }
 
 impl Default for EngineConfig {
@@ -123,6 +126,7 @@ impl Default for EngineConfig {
             retention: Some(Duration::from_secs(7 * 24 * 3600)),
             backoff_base: Duration::from_secs(1),
             backoff_max: Duration::from_secs(3600),
+            workflow_defaults: BTreeMap::new(),
         }
     }
 }
@@ -202,6 +206,9 @@ impl EngineConfig {
                 return Err(Error::config(format!("{what} must be longer than zero")));
             }
         }
+        for (workflow, d) in &self.workflow_defaults {
+            d.validate(workflow)?;
+        }
         if self.lease <= self.heartbeat_interval * 2 {
             return Err(Error::config(format!(
                 "lease ({:?}) must be more than twice the heartbeat interval ({:?}), or live nodes would be reaped",
@@ -209,6 +216,14 @@ impl EngineConfig {
             )));
         }
         Ok(())
+    }
+
+    /// The retry backoff (base, max) of `workflow`'s errors.
+    pub(crate) fn backoff_for(&self, workflow: &str) -> (Duration, Duration) {
+        self.workflow_defaults
+            .get(workflow)
+            .and_then(|d| d.backoff)
+            .unwrap_or((self.backoff_base, self.backoff_max))
     }
 
     /// The gate that captures `key`, if any: configured names capture every key

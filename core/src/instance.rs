@@ -1,8 +1,9 @@
 //! Instances: what is inserted and what is read back.
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::transition::ConcurrencyKey;
 use crate::validate;
+use crate::workflow::WorkflowDefaults;
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 use std::time::Duration;
@@ -22,7 +23,7 @@ pub enum Status {
     Completed,
     /// Stopped by `cancel`.
     Cancelled,
-    /// Gave up after `max_attempts` errors.
+    /// Gave up: after `max_attempts` errors, or a discard.
     Discarded,
 }
 
@@ -110,12 +111,13 @@ pub struct NewInstance {
     pub(crate) workflow: String,
     pub(crate) state: Value,
     pub(crate) step: String,
-    pub(crate) queue: String,
-    pub(crate) priority: i16,
+    /// Unset: the workflow's default, else [`DEFAULT_QUEUE`].
+    pub(crate) queue: Option<String>,
+    pub(crate) priority: Option<i16>,
     pub(crate) concurrency_key: Option<String>,
     pub(crate) rate_limit: Option<String>,
     pub(crate) schedule: Schedule,
-    pub(crate) max_attempts: i32,
+    pub(crate) max_attempts: Option<i32>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -139,12 +141,12 @@ impl NewInstance {
             workflow: workflow.into(),
             state,
             step: DEFAULT_STEP.into(),
-            queue: DEFAULT_QUEUE.into(),
-            priority: 0,
+            queue: None,
+            priority: None,
             concurrency_key: None,
             rate_limit: None,
             schedule: Schedule::Now,
-            max_attempts: DEFAULT_MAX_ATTEMPTS,
+            max_attempts: None,
         }
     }
 
@@ -154,15 +156,15 @@ impl NewInstance {
         self
     }
 
-    /// The queue (default `"default"`).
+    /// The queue (default: the workflow's, else `"default"`).
     pub fn queue(mut self, queue: impl Into<String>) -> Self {
-        self.queue = queue.into();
+        self.queue = Some(queue.into());
         self
     }
 
-    /// 0 (first) to 9 (last); default 0.
+    /// 0 (first) to 9 (last); default: the workflow's, else 0.
     pub fn priority(mut self, priority: i16) -> Self {
-        self.priority = priority;
+        self.priority = Some(priority);
         self
     }
 
@@ -190,28 +192,41 @@ impl NewInstance {
         self
     }
 
-    /// Attempts per step before the instance is discarded (default 20).
+    /// Attempts per step before the instance is discarded (default: the
+    /// workflow's, else 20).
     pub fn max_attempts(mut self, max_attempts: i32) -> Self {
-        self.max_attempts = max_attempts;
+        self.max_attempts = Some(max_attempts);
         self
+    }
+
+    /// Queue, priority and attempts: as set, else the workflow's defaults
+    /// (`defaults`), else the engine's.
+    pub(crate) fn resolve(&self, defaults: Option<&WorkflowDefaults>) -> (String, i16, i32) {
+        let d = defaults.cloned().unwrap_or_default();
+        (
+            self.queue
+                .clone()
+                .or(d.queue)
+                .unwrap_or_else(|| DEFAULT_QUEUE.to_owned()),
+            self.priority.or(d.priority).unwrap_or(0),
+            self.max_attempts
+                .or(d.max_attempts)
+                .unwrap_or(DEFAULT_MAX_ATTEMPTS),
+        )
     }
 
     pub(crate) fn validate(&self) -> Result<()> {
         validate::name("workflow", &self.workflow)?;
         validate::name("step", &self.step)?;
-        validate::name("queue", &self.queue)?;
-        validate::state("state", &self.state)?;
-        if !(0..=9).contains(&self.priority) {
-            return Err(Error::input(
-                "priority",
-                format!("must be 0 to 9, got {}", self.priority),
-            ));
+        if let Some(q) = &self.queue {
+            validate::name("queue", q)?;
         }
-        if self.max_attempts < 1 {
-            return Err(Error::input(
-                "max_attempts",
-                format!("must be at least 1, got {}", self.max_attempts),
-            ));
+        validate::state("state", &self.state)?;
+        if let Some(p) = self.priority {
+            validate::priority("priority", p)?;
+        }
+        if let Some(n) = self.max_attempts {
+            validate::max_attempts("max_attempts", n)?;
         }
         if let Some(k) = &self.concurrency_key {
             validate::key("concurrency_key", k)?;

@@ -97,4 +97,4 @@ pub use instance::{
 pub use options::{EngineOptions, InsertOptions};
 pub use stats::{Latencies, Stats, StatsSnapshot};
 pub use transition::{AwaitOn, ConcurrencyKey, KeyChange, NextOptions, Transition, Wake};
-pub use workflow::{BoxError, FnWorkflow, StepContext, StepResult, Workflow};
+pub use workflow::{BoxError, FnWorkflow, StepContext, StepResult, Workflow, WorkflowDefaults};

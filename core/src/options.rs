@@ -24,7 +24,7 @@
 //! Durations are integer milliseconds. `null` is the same as leaving an
 //! option out.
 
-use crate::{EngineBuilder, Error, GateConfig, NewInstance, RateConfig, Result};
+use crate::{EngineBuilder, Error, GateConfig, NewInstance, RateConfig, Result, WorkflowDefaults};
 use chrono::{DateTime, Utc};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize, Serializer};
@@ -72,6 +72,9 @@ pub struct EngineOptions {
     /// (see [`EngineBuilder::step_rate_limit`]).
     #[serde(deserialize_with = "de::nullable")]
     pub step_rate_limits: BTreeMap<String, BTreeMap<String, String>>,
+    /// Workflow name → its defaults (see [`EngineBuilder::workflow_defaults`]).
+    #[serde(deserialize_with = "de::structs")]
+    pub workflow_defaults: BTreeMap<String, WorkflowDefaultsOptions>,
     /// Milliseconds; see [`EngineBuilder::poll_interval`].
     #[serde(deserialize_with = "de::opt_millis")]
     pub poll_interval: Option<u64>,
@@ -127,6 +130,22 @@ pub struct RateOptions {
     /// Default: [`RateConfig::new`]'s.
     #[serde(default, deserialize_with = "de::opt_count")]
     pub burst: Option<u32>,
+}
+
+/// A workflow's defaults: `{"queue": "billing", "priority": 1,
+/// "max_attempts": 5, "backoff": {"base": 1000, "max": 60000}}`, each
+/// optional (see [`crate::WorkflowDefaults`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkflowDefaultsOptions {
+    #[serde(default)]
+    pub queue: Option<String>,
+    #[serde(default, deserialize_with = "de::opt_priority")]
+    pub priority: Option<i16>,
+    #[serde(default, deserialize_with = "de::opt_max_attempts")]
+    pub max_attempts: Option<i32>,
+    #[serde(default, deserialize_with = "de::opt_struct")]
+    pub backoff: Option<BackoffOptions>,
 }
 
 /// Retry backoff: `{"base": 1000, "max": 3600000}`, in milliseconds.
@@ -208,6 +227,15 @@ impl EngineOptions {
             for (step, key) in steps {
                 b = b.step_rate_limit(workflow, step, key);
             }
+        }
+        for (workflow, d) in &self.workflow_defaults {
+            let defaults = WorkflowDefaults {
+                queue: d.queue.clone(),
+                priority: d.priority,
+                max_attempts: d.max_attempts,
+                backoff: d.backoff.as_ref().map(|bo| (ms(bo.base), ms(bo.max))),
+            };
+            b = b.workflow_defaults(workflow, defaults);
         }
         if let Some(d) = self.poll_interval {
             b = b.poll_interval(ms(d));
@@ -571,6 +599,7 @@ fn shorten(s: &str) -> String {
 mod de {
     use super::{
         shorten, BackoffOptions, EngineOptions, GateOptions, InsertOptions, RateOptions, Retention,
+        WorkflowDefaultsOptions,
     };
     use chrono::{DateTime, Utc};
     use serde::de::value::MapAccessDeserializer;
@@ -595,6 +624,11 @@ mod de {
 
     impl Described for RateOptions {
         const WHAT: &'static str = "a map with limit, period (milliseconds) and optionally burst";
+    }
+
+    impl Described for WorkflowDefaultsOptions {
+        const WHAT: &'static str =
+            "a map with queue, priority, max_attempts and backoff, each optional";
     }
 
     impl Described for BackoffOptions {
@@ -1188,11 +1222,11 @@ mod tests {
         assert_eq!(new.workflow, "Account.Sync");
         assert_eq!(new.state, json!({"id": 7, "tags": ["a"]}));
         assert_eq!(new.step, "push");
-        assert_eq!(new.queue, "sync");
-        assert_eq!(new.priority, 3);
+        assert_eq!(new.queue.as_deref(), Some("sync"));
+        assert_eq!(new.priority, Some(3));
         assert_eq!(new.concurrency_key.as_deref(), Some("account:7"));
         assert_eq!(new.rate_limit.as_deref(), Some("openai:7"));
-        assert_eq!(new.max_attempts, 5);
+        assert_eq!(new.max_attempts, Some(5));
         let at = DateTime::parse_from_rfc3339("2030-01-01T12:00:00.123456Z").unwrap();
         assert_eq!(new.schedule, Schedule::At(at.with_timezone(&Utc)));
         new.validate().unwrap();

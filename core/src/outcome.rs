@@ -289,7 +289,7 @@ impl OutcomeRow {
                 let mut row =
                     OutcomeRow::base(c, kind, if last { "discarded" } else { "scheduled" });
                 if !last {
-                    row.delay = Some(backoff(cfg, c.attempt).as_secs_f64());
+                    row.delay = Some(backoff(cfg, &c.workflow, c.attempt).as_secs_f64());
                 }
                 row.error = Some(json!({
                     "kind": "error",
@@ -320,13 +320,12 @@ impl OutcomeRow {
 }
 
 /// Exponential backoff with jitter: base × 2^(attempt−1), capped, then scaled by
-/// a random factor in [0.5, 1.0] so that a burst of failures spreads out.
-pub(crate) fn backoff(cfg: &EngineConfig, attempt: i32) -> Duration {
+/// a random factor in [0.5, 1.0] so that a burst of failures spreads out. The
+/// base and cap are the workflow's, else the engine's.
+pub(crate) fn backoff(cfg: &EngineConfig, workflow: &str, attempt: i32) -> Duration {
+    let (base, max) = cfg.backoff_for(workflow);
     let exp = attempt.clamp(1, 31) as u32 - 1;
-    let raw = cfg
-        .backoff_base
-        .saturating_mul(2u32.saturating_pow(exp))
-        .min(cfg.backoff_max);
+    let raw = base.saturating_mul(2u32.saturating_pow(exp)).min(max);
     raw.mul_f64(0.5 + rand::random::<f64>() * 0.5)
 }
 
@@ -384,4 +383,37 @@ pub(crate) fn check_rate_key(cfg: &EngineConfig, key: &str) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::backoff;
+    use crate::config::EngineConfig;
+    use crate::workflow::WorkflowDefaults;
+    use std::time::Duration;
+
+    /// A workflow's own backoff replaces the engine's for its errors only.
+    #[test]
+    fn errors_back_off_by_their_workflows_policy() {
+        let ms = Duration::from_millis;
+        let mut cfg = EngineConfig {
+            backoff_base: ms(1000),
+            backoff_max: ms(1_000_000),
+            ..EngineConfig::default()
+        };
+        let defaults = WorkflowDefaults {
+            backoff: Some((ms(10), ms(30))),
+            ..Default::default()
+        };
+        cfg.workflow_defaults.insert("Charge".into(), defaults);
+        for attempt in 1..=5 {
+            // 10 ms doubling per attempt, capped at 30, times 0.5 to 1.
+            let cap = ms(10 * 2u64.pow(attempt - 1)).min(ms(30));
+            let d = backoff(&cfg, "Charge", attempt as i32);
+            assert!(d >= cap / 2 && d <= cap, "attempt {attempt}: {d:?}");
+            let d = backoff(&cfg, "Other", attempt as i32);
+            let cap = ms(1000 * 2u64.pow(attempt - 1));
+            assert!(d >= cap / 2 && d <= cap, "attempt {attempt}: {d:?}");
+        }
+    }
 }

@@ -163,6 +163,25 @@ fn json_kind(value: &Value) -> &'static str {
     }
 }
 
+/// A priority: 0 (first) to 9 (last).
+pub fn priority(field: &'static str, value: i16) -> Result<()> {
+    if !(0..=9).contains(&value) {
+        return Err(Error::input(field, format!("must be 0 to 9, got {value}")));
+    }
+    Ok(())
+}
+
+/// Attempts per step: at least 1.
+pub fn max_attempts(field: &'static str, value: i32) -> Result<()> {
+    if value < 1 {
+        return Err(Error::input(
+            field,
+            format!("must be at least 1, got {value}"),
+        ));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,17 +1,75 @@
 //! Workflows: the user code a node runs for each step.
 
+use crate::error::{Error, Result};
 use crate::transition::{Transition, Wake};
+use crate::validate;
 use async_trait::async_trait;
 use futures::future::BoxFuture;
 use serde_json::Value;
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// An error returned by a step; recorded as an `error` transition.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 /// What a step returns: a transition, or an error (retried with backoff).
-pub type StepResult = Result<Transition, BoxError>;
+pub type StepResult = std::result::Result<Transition, BoxError>;
+
+/// What a workflow's instances get when their insert does not say, and how
+/// its errors are retried: declared once per workflow with
+/// [`crate::EngineBuilder::workflow_defaults`] (`use GenDurable,
+/// max_attempts: 5` in Elixir, `@engine.workflow(max_attempts=5)` in
+/// Python). Each is applied where the engine knows the workflow: inserts
+/// through an engine that registered it, retries on the nodes that run it.
+///
+/// ```
+/// use gendurable::WorkflowDefaults;
+/// use std::time::Duration;
+/// let charge = WorkflowDefaults {
+///     queue: Some("billing".into()),
+///     max_attempts: Some(5),
+///     backoff: Some((Duration::from_secs(10), Duration::from_secs(600))),
+///     ..Default::default()
+/// };
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WorkflowDefaults {
+    /// The queue of an insert that names none (else `"default"`).
+    pub queue: Option<String>,
+    /// The priority of an insert that names none (else 0).
+    pub priority: Option<i16>,
+    /// Attempts per step of an insert that names none (else 20).
+    pub max_attempts: Option<i32>,
+    /// Retry backoff (base, max) of this workflow's errors (else the
+    /// engine's).
+    pub backoff: Option<(Duration, Duration)>,
+}
+
+impl WorkflowDefaults {
+    /// Checks the values by the rules an insert's follow.
+    pub(crate) fn validate(&self, workflow: &str) -> Result<()> {
+        let at = |e: Error| Error::config(format!("workflow_defaults {workflow:?}: {e}"));
+        if let Some(q) = &self.queue {
+            validate::name("queue", q).map_err(at)?;
+        }
+        if let Some(p) = self.priority {
+            validate::priority("priority", p).map_err(at)?;
+        }
+        if let Some(n) = self.max_attempts {
+            validate::max_attempts("max_attempts", n).map_err(at)?;
+        }
+        if let Some((base, max)) = self.backoff {
+            if base.is_zero() || max < base {
+                return Err(Error::config(format!(
+                    "workflow_defaults {workflow:?}: backoff base must be longer than zero and \
+                     max at least base, got {base:?} and {max:?}"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
 
 /// A workflow: one `step` function called with the current step's name.
 ///

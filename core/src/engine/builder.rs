@@ -8,7 +8,9 @@ use crate::error::{Error, Result};
 use crate::outcome::check_rate_key;
 use crate::store::{self, Store};
 use crate::validate;
-use crate::workflow::{FnWorkflow, StepContext, StepResult, WithStepRates, Workflow};
+use crate::workflow::{
+    FnWorkflow, StepContext, StepResult, WithStepRates, Workflow, WorkflowDefaults,
+};
 use serde_json::Value;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
@@ -206,6 +208,22 @@ impl EngineBuilder {
         self
     }
 
+    /// Defaults for a registered workflow's instances: their queue, priority
+    /// and attempts when an insert does not name them, and the backoff of
+    /// its errors (see [`WorkflowDefaults`]).
+    pub fn workflow_defaults(
+        mut self,
+        workflow: impl Into<String>,
+        defaults: WorkflowDefaults,
+    ) -> Self {
+        let workflow = workflow.into();
+        if self.cfg.workflow_defaults.contains_key(&workflow) {
+            self.duplicate = Some(format!("workflow_defaults {workflow}"));
+        }
+        self.cfg.workflow_defaults.insert(workflow, defaults);
+        self
+    }
+
     /// Retry backoff: `base × 2^(attempt−1)` up to `max`, with jitter (default 1 s, 1 h).
     pub fn backoff(mut self, base: Duration, max: Duration) -> Self {
         self.cfg.backoff_base = base;
@@ -228,6 +246,13 @@ impl EngineBuilder {
         self.cfg.validate()?;
         for name in self.workflows.keys() {
             validate::name("workflow", name).map_err(|e| Error::config(e.to_string()))?;
+        }
+        if let Some(name) =
+            (self.cfg.workflow_defaults.keys()).find(|n| !self.workflows.contains_key(*n))
+        {
+            return Err(Error::config(format!(
+                "workflow_defaults: no workflow named {name:?} is registered"
+            )));
         }
         for (name, steps) in &self.step_rates {
             if !self.workflows.contains_key(name) {

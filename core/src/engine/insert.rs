@@ -72,14 +72,16 @@ impl Rows {
             // PostgreSQL parses into jsonb.
             let text = new.state.to_string();
             validate::state_size("state", text.len()).map_err(|e| at_index(e, i, n))?;
+            let (queue, priority, max_attempts) =
+                new.resolve(ctx.cfg.workflow_defaults.get(&new.workflow));
             r.workflow.push(new.workflow);
             r.step.push(new.step);
             r.state.push(text);
-            r.queue.push(new.queue);
-            r.priority.push(new.priority);
+            r.queue.push(queue);
+            r.priority.push(priority);
             r.ckey.push(new.concurrency_key);
             r.rkey.push(declared);
-            r.max_attempts.push(new.max_attempts);
+            r.max_attempts.push(max_attempts);
             r.delay.push(delay);
             r.at.push(at);
         }
