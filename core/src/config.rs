@@ -285,7 +285,11 @@ mod tests {
     fn rejects_bad_values() {
         let mut c = EngineConfig::default();
         c.queues.insert("default".into(), 0);
-        assert!(c.validate().unwrap_err().to_string().contains("at least 1"));
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("concurrency must be from 1 to 10000, got 0"));
 
         let mut c = EngineConfig::default();
         c.gates.insert("stripe".into(), GateConfig::new(0));

@@ -1142,7 +1142,11 @@ mod tests {
         }))
         .unwrap();
         let e = o.apply(Engine::builder()).validate().unwrap_err();
-        assert!(e.to_string().contains("at least 1"), "{e}");
+        assert!(
+            e.to_string()
+                .contains("concurrency must be from 1 to 10000, got 0"),
+            "{e}"
+        );
 
         let o = EngineOptions::from_json(json!({
             "url": "postgres://localhost/app",
@@ -1172,6 +1176,8 @@ mod tests {
             "concurrency_limits": {"stripe": {"limit": 100, "shards": 10}, "db": {"limit": 2, "shards": null}},
             "rate_limits": {"openai": {"limit": 100, "period": 60000, "burst": 10}},
             "step_rate_limits": {"Summarize": {"call_api": "openai:default"}},
+            "workflow_defaults": {"Summarize": {"queue": "ai", "priority": 1, "max_attempts": 3,
+                                                "backoff": {"base": 10, "max": 20}}},
             "poll_interval": 500,
             "heartbeat_interval": 1000,
             "lease": 5000,
