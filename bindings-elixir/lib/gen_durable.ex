@@ -113,6 +113,9 @@ defmodule GenDurable do
     * `{:snooze, ms}` — run the same step again later; not an attempt.
     * `{:error, reason}` — retried with exponential backoff until
       `max_attempts`, then discarded.
+    * `{:discard, reason}` — a permanent error (a request that will never
+      be accepted): discarded now, whatever attempts are left, not retried.
+      The error is recorded with kind `"discard"`.
     * `{:cancel, reason}` — stop for good.
 
   A raise, a throw or an exit in the step is an error outcome recording the
@@ -177,6 +180,7 @@ defmodule GenDurable do
              [signal: String.t(), timeout: non_neg_integer, until: DateTime.t()]}
           | {:snooze, non_neg_integer}
           | {:error, term}
+          | {:discard, term}
           | {:cancel, term}
 
   @doc """

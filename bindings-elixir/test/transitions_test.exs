@@ -100,6 +100,41 @@ defmodule GenDurable.TransitionsTest do
     assert wait_status(e, id, :completed).state["attempt"] == 3
   end
 
+  test "discard: discarded at once, whatever attempts are left", %{engine: e, t: t} do
+    id = insert(e, t, "discard", max_attempts: 5)
+    assert_receive {:gd, ^id, "start", %{attempt: 1}, _}, 10_000
+    assert_receive {:gd, ^id, "start", %{attempt: 2}, _}, 10_000
+    i = wait_status(e, id, :discarded)
+    assert i.attempt == 2
+
+    assert [
+             %{"kind" => "error", "attempt" => 1, "message" => "gateway timeout"},
+             %{"kind" => "discard", "attempt" => 2, "message" => "card declined"}
+           ] = i.errors
+
+    refute_receive {:gd, ^id, "start", _, _}, 200
+  end
+
+  test "a discard's reason is formatted like an error's; a malformed one is an error",
+       %{engine: e, t: t} do
+    id1 = insert(e, t, "discard_atom", max_attempts: 5)
+
+    assert [%{"kind" => "discard", "message" => "card_declined"}] =
+             wait_status(e, id1, :discarded).errors
+
+    # An error outcome (retried), not a discard.
+    id2 = insert(e, t, "bad_discard", max_attempts: 2)
+    i = wait_status(e, id2, :discarded)
+    assert i.attempt == 2
+    assert [%{"kind" => "error", "message" => m}, %{"kind" => "error"}] = i.errors
+    assert m =~ "invalid value"
+    assert m =~ "{:discard}"
+
+    # The engine runs on.
+    id3 = insert(e, t, "next_done")
+    wait_status(e, id3, :completed)
+  end
+
   test "cancel", %{engine: e, t: t} do
     id = insert(e, t, "cancel")
     i = wait_status(e, id, :cancelled)

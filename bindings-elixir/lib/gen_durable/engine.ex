@@ -217,6 +217,7 @@ defmodule GenDurable.Runner do
   end
 
   def normalize({:error, reason}), do: {:error, text(reason), nil}
+  def normalize({:discard, reason}), do: {:discard, text(reason)}
   def normalize({:cancel, reason}), do: {:cancel, text(reason)}
   def normalize(other), do: invalid(other, "not a step result")
 

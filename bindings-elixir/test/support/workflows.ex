@@ -40,6 +40,10 @@ defmodule GenDurableTest.Steps do
     if ctx.attempt < 3, do: {:error, :flaky}, else: {:done, Map.put(s, "attempt", ctx.attempt)}
   end
 
+  defp run("discard", "start", _s, %{attempt: 1}), do: {:error, "gateway timeout"}
+  defp run("discard", "start", _s, _), do: {:discard, "card declined"}
+  defp run("discard_atom", "start", _s, _), do: {:discard, :card_declined}
+  defp run("bad_discard", "start", _s, _), do: {:discard}
   defp run("cancel", "start", _s, _), do: {:cancel, "not needed"}
   defp run("raise", "start", _s, _), do: raise(ArgumentError, "bad things happened")
   defp run("throw", "start", _s, _), do: throw(:ball)

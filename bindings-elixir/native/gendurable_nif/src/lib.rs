@@ -55,6 +55,7 @@ mod atoms {
         done,
         await_ = "await",
         snooze,
+        discard,
         cancel,
         signal,
         timeout,

@@ -485,7 +485,8 @@ fn ms(v: Option<u64>) -> Option<Duration> {
 ///   key_change = `:keep | :release | {:set, key}`
 /// * `{:done, state}`
 /// * `{:await, step, state, signal | nil, timeout_ms | nil, until_us | nil}`
-/// * `{:snooze, ms}` · `{:error, reason, detail | nil}` · `{:cancel, reason}`
+/// * `{:snooze, ms}` · `{:error, reason, detail | nil}` · `{:discard, reason}`
+///   · `{:cancel, reason}`
 fn decode_transition(term: Term) -> Result<Transition, String> {
     let t = get_tuple(term).map_err(|_| "a step result must be a tuple".to_string())?;
     let tag: Atom = t
@@ -567,6 +568,8 @@ fn decode_transition(term: Term) -> Result<Transition, String> {
                 .decode::<Option<String>>()
                 .map_err(|_| "the detail must be a string".to_string())?,
         })
+    } else if tag == atoms::discard() && t.len() == 2 {
+        Ok(Transition::discard(text(1, "the reason")?))
     } else if tag == atoms::cancel() && t.len() == 2 {
         Ok(Transition::cancel(text(1, "the reason")?))
     } else {
