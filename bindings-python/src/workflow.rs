@@ -298,6 +298,7 @@ fn try_decode(t: &Bound<'_, PyAny>) -> Result<Transition, String> {
             reason: s(1)?,
             detail: os(2)?,
         },
+        "discard" => Transition::discard(s(1)?),
         "cancel" => Transition::cancel(s(1)?),
         other => return Err(format!("unknown kind {other:?}")),
     })

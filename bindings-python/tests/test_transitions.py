@@ -10,7 +10,7 @@ import pytest
 
 import gendurable
 from conftest import wait_until
-from gendurable import Await, Cancel, Done, Next, Snooze
+from gendurable import Await, Cancel, Discard, Done, Next, Snooze
 
 
 def test_next_and_done_sync_and_async_methods(make_engine):
@@ -228,6 +228,72 @@ def test_cancel_transition(make_engine):
     inst = engine.get(id_)
     assert inst.status == "cancelled"
     assert inst.errors[-1]["message"] == "not needed any more"
+
+
+def test_discard_is_final_whatever_attempts_are_left(make_engine):
+    engine = make_engine()
+    finished = threading.Semaphore(0)
+
+    def charge(card):  # deep in a call stack: raised, not returned
+        raise gendurable.Discard(f"card {card} declined")
+
+    @engine.workflow("Charge")
+    class Charge:
+        def start(self, state, ctx):
+            if ctx.attempt == 1:
+                raise ConnectionError("gateway unreachable")
+            finished.release()
+            return Discard("card declined")
+
+        async def deep(self, state, ctx):
+            finished.release()
+            charge(state["card"])
+
+        def malformed(self, state, ctx):
+            finished.release()
+            if state["raise"]:
+                raise Discard(42)  # type: ignore[arg-type]
+            return Discard(None)  # type: ignore[arg-type]
+
+    returned = engine.insert("Charge", {}, max_attempts=5)
+    raised = engine.insert("Charge", {"card": 7}, step="deep", max_attempts=5)
+    bad = [
+        engine.insert("Charge", {"raise": r}, step="malformed", max_attempts=1)
+        for r in (False, True)
+    ]
+    engine.start()
+    for _ in range(4):
+        assert finished.acquire(timeout=30)
+    engine.shutdown()
+
+    inst = engine.get(returned)
+    assert (inst.status, inst.attempt, len(inst.errors)) == ("discarded", 2, 2)
+    assert inst.errors[0]["kind"] == "error"
+    assert inst.errors[0]["message"] == "ConnectionError: gateway unreachable"
+    last = inst.errors[-1]
+    assert (last["kind"], last["message"], last["attempt"]) == ("discard", "card declined", 2)
+
+    inst = engine.get(raised)
+    assert (inst.status, inst.attempt) == ("discarded", 1)
+    assert [(e["kind"], e["message"]) for e in inst.errors] == [("discard", "card 7 declined")]
+
+    for id_ in bad:  # an error outcome, like any unusable transition
+        inst = engine.get(id_)
+        assert inst.status == "discarded"
+        [err] = inst.errors
+        assert err["kind"] == "error"
+        assert err["message"].startswith("invalid reason: must be a str")
+
+
+def test_discard_is_an_error_and_a_transition():
+    d = Discard("card declined")
+    assert isinstance(d, gendurable.Error) and isinstance(d, gendurable.Transition)
+    assert (d.reason, str(d), repr(d)) == (
+        "card declined",
+        "card declined",
+        "Discard('card declined')",
+    )
+    assert str(Discard(42)) == "42"  # type: ignore[arg-type]
 
 
 def test_await_signal_by_name_and_by_id(make_engine):

@@ -39,7 +39,7 @@ from .errors import (
     Saturated,
     ShutDown,
 )
-from .transitions import KEEP, Await, Cancel, Done, Next, Snooze, Transition
+from .transitions import KEEP, Await, Cancel, Discard, Done, Next, Snooze, Transition
 
 __all__ = [
     "KEEP",
@@ -50,6 +50,7 @@ __all__ = [
     "CannotConnect",
     "Context",
     "DatabaseError",
+    "Discard",
     "Done",
     "EmbeddedPostgresError",
     "Engine",

@@ -14,7 +14,7 @@ from typing import Any, Callable, Optional
 
 from .context import Context
 from .errors import Error
-from .transitions import Transition
+from .transitions import Discard, Transition
 
 
 def _error(reason: str, detail: Optional[str]) -> tuple:
@@ -22,6 +22,8 @@ def _error(reason: str, detail: Optional[str]) -> tuple:
 
 
 def _raised(exc: BaseException) -> tuple:
+    if isinstance(exc, Discard):
+        return encode(exc)
     if isinstance(exc, Error):
         reason = exc.message or type(exc).__name__
     else:
@@ -30,7 +32,8 @@ def _raised(exc: BaseException) -> tuple:
 
 
 def encode(out: Any) -> tuple:
-    """A step's return value as the tuple the native side decodes."""
+    """A step's return value as the tuple the native side decodes. A
+    :class:`Discard`, both a transition and an ``Error``, is its transition."""
     if isinstance(out, Transition):
         try:
             return out._encode()
@@ -42,7 +45,7 @@ def encode(out: Any) -> tuple:
         detail = "".join(traceback.format_exception(type(out), out, out.__traceback__))
         return _error(f"{type(out).__name__}: {out}", detail if out.__traceback__ else None)
     return _error(
-        f"the step returned {out!r}; expected Next, Done, Await, Snooze, Cancel or Error",
+        f"the step returned {out!r}; expected Next, Done, Await, Snooze, Error, Discard or Cancel",
         None,
     )
 

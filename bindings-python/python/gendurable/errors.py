@@ -29,6 +29,8 @@ class Error(Exception):
     ``gendurable.Error("reason")`` (or any exception instance) fails this
     attempt; it is retried with backoff until ``max_attempts``, then
     discarded. ``detail`` is recorded with the reason (a traceback, say).
+    Its subclass :class:`gendurable.Discard`, returned or raised, is a
+    permanent error: the instance is discarded at once.
     """
 
     def __init__(self, message: str = "", *, detail: Optional[str] = None) -> None:

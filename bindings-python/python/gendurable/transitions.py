@@ -1,8 +1,9 @@
 """What a step returns: the instance's next move.
 
 A step returns one of :class:`Next`, :class:`Done`, :class:`Await`,
-:class:`Snooze`, :class:`Cancel`, or :class:`gendurable.Error` (any exception
-instance, returned or raised, fails the attempt).
+:class:`Snooze`, :class:`Cancel`, :class:`gendurable.Error` (any exception
+instance, returned or raised, fails the attempt) or :class:`Discard` (returned
+or raised, fails the instance for good).
 """
 
 from __future__ import annotations
@@ -11,9 +12,19 @@ import datetime as _dt
 import uuid
 from typing import Any, Final, Optional, Tuple, Union
 
-from .errors import InvalidInput
+from .errors import Error, InvalidInput
 
-__all__ = ["KEEP", "Await", "Cancel", "ConcurrencyKey", "Done", "Next", "Snooze", "Transition"]
+__all__ = [
+    "KEEP",
+    "Await",
+    "Cancel",
+    "ConcurrencyKey",
+    "Discard",
+    "Done",
+    "Next",
+    "Snooze",
+    "Transition",
+]
 
 
 class _Keep:
@@ -229,6 +240,36 @@ class Snooze(Transition):
 
     def __repr__(self) -> str:
         return f"Snooze({self.seconds!r})"
+
+
+class Discard(Transition, Error):
+    """Fail for good: the instance is ``discarded`` now, whatever attempts are
+    left, with ``reason`` recorded in its ``errors`` (kind ``"discard"``).
+
+    For a permanent error, such as a request the partner API will never
+    accept; a transient one is a :class:`gendurable.Error`, retried. Like
+    ``gendurable.Error`` it is an exception that is returned or raised:
+    ``raise gendurable.Discard("card declined")`` from code deep in a call
+    stack discards the instance the same way (its reason is recorded, not its
+    traceback). A ``reason`` that is not a ``str`` is an error outcome.
+    """
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+
+    @property
+    def reason(self) -> str:
+        """Why, recorded as the message of the ``discard`` error."""
+        return self.message
+
+    def _encode(self) -> tuple:
+        return ("discard", _name("reason", self.message))
+
+    def __str__(self) -> str:
+        return str(self.message)
+
+    def __repr__(self) -> str:
+        return f"Discard({self.message!r})"
 
 
 class Cancel(Transition):
