@@ -248,13 +248,13 @@ class NewInstance:
         state: Optional[Mapping[str, Any]] = None,
         *,
         step: str = "start",
-        queue: str = "default",
-        priority: int = 0,
+        queue: Optional[str] = None,
+        priority: Optional[int] = None,
         concurrency_key: Optional[ConcurrencyKey] = None,
         rate_limit: Optional[str] = None,
         schedule_in: Union[float, _dt.timedelta, None] = None,
         scheduled_at: Optional[_dt.datetime] = None,
-        max_attempts: int = 20,
+        max_attempts: Optional[int] = None,
     ) -> None:
         # The core's insert options (gendurable::options::InsertOptions);
         # those left out (None) are not passed.
@@ -262,10 +262,13 @@ class NewInstance:
             "workflow": _workflow_name(workflow),
             "state": {} if state is None else state,
             "step": step,
-            "queue": queue,
-            "priority": priority,
-            "max_attempts": max_attempts,
         }
+        if queue is not None:
+            d["queue"] = queue
+        if priority is not None:
+            d["priority"] = priority
+        if max_attempts is not None:
+            d["max_attempts"] = max_attempts
         if concurrency_key is not None:
             d["concurrency_key"] = key_str(concurrency_key)
         if rate_limit is not None:
@@ -591,20 +594,28 @@ class Engine:
         state: Optional[Mapping[str, Any]] = None,
         *,
         step: str = "start",
-        queue: str = "default",
-        priority: int = 0,
+        queue: Optional[str] = None,
+        priority: Optional[int] = None,
         concurrency_key: Optional[ConcurrencyKey] = None,
         rate_limit: Optional[str] = None,
         schedule_in: Union[float, _dt.timedelta, None] = None,
         scheduled_at: Optional[_dt.datetime] = None,
-        max_attempts: int = 20,
+        max_attempts: Optional[int] = None,
     ) -> int:
         """Insert one instance of ``workflow`` (a name or a decorated workflow)
         and return its id.
 
         ``state`` is a JSON object (a dict). ``concurrency_key`` is
-        ``"name:rest"`` or a ``(name, id)`` tuple; ``priority`` 0 (first) to 9;
-        ``schedule_in`` seconds or ``scheduled_at`` an aware datetime.
+        ``"name:rest"`` or a ``(name, id)`` tuple; ``schedule_in`` seconds or
+        ``scheduled_at`` an aware datetime.
+
+        Left out, ``queue``, ``priority`` and ``max_attempts`` are the
+        workflow's defaults (see :func:`gendurable.workflow`), else the
+        engine's:
+
+        - ``queue`` (default: the workflow's, else ``"default"``)
+        - ``priority`` 0 (first) to 9 (default: the workflow's, else 0)
+        - ``max_attempts`` per step (default: the workflow's, else 20)
         """
         new = NewInstance(
             workflow,
@@ -627,13 +638,13 @@ class Engine:
         state: Optional[Mapping[str, Any]] = None,
         *,
         step: str = "start",
-        queue: str = "default",
-        priority: int = 0,
+        queue: Optional[str] = None,
+        priority: Optional[int] = None,
         concurrency_key: Optional[ConcurrencyKey] = None,
         rate_limit: Optional[str] = None,
         schedule_in: Union[float, _dt.timedelta, None] = None,
         scheduled_at: Optional[_dt.datetime] = None,
-        max_attempts: int = 20,
+        max_attempts: Optional[int] = None,
     ) -> int:
         """:meth:`insert` for asyncio."""
         new = NewInstance(
