@@ -144,11 +144,24 @@ impl Core {
     /// Build the engine with these workflows: `(name, {step: (fn, is_async,
     /// takes_step)}, fallback or None, {step: rate-limit key})`. Once: it
     /// runs them and inserts for them from then on. Nothing connects yet.
-    fn build(&self, py: Python<'_>, workflows: Vec<WorkflowTable>) -> PyResult<()> {
+    ///
+    /// `options`, if given, are the engine's options again with what the
+    /// workflows declare (`workflow_defaults`): the core reads and checks
+    /// them here, as `new` did the others.
+    #[pyo3(signature = (workflows, options=None))]
+    fn build(
+        &self,
+        py: Python<'_>,
+        workflows: Vec<WorkflowTable>,
+        options: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
         if self.built.get().is_some() {
             return Err(invalid_config("the engine is already built"));
         }
-        let builder = self.builder(workflows);
+        let builder = match options {
+            Some(o) => register(builder(&engine_options(o)?), workflows, &self.hooks),
+            None => self.builder(workflows),
+        };
         let engine = block_on(py, move || builder.build()).py_err()?;
         let built = Built {
             engine,

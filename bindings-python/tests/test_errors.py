@@ -226,6 +226,38 @@ def test_a_declared_rate_limit_needs_a_configured_rate_limit(make_engine):
     assert engine.workflows == []
 
 
+def test_a_bad_workflow_default_is_refused_when_the_engine_is_built(make_engine):
+    engine = make_engine()
+
+    @engine.workflow("Charge", priority=12)
+    def charge(step, state, ctx):
+        return gendurable.Done(state)
+
+    with pytest.raises(InvalidConfig) as exc:
+        engine.insert("Charge", {})
+    assert 'workflow_defaults "Charge"' in str(exc.value) and "priority" in str(exc.value)
+    assert "12" in str(exc.value)
+    assert repr(engine).endswith("not yet used>")
+
+
+def test_a_workflow_default_is_declared_once(make_engine):
+    engine = make_engine()
+
+    @gendurable.workflow("Charge", step="start", max_attempts=5)
+    def start(state, ctx):
+        return gendurable.Next("capture", state)
+
+    @gendurable.workflow("Charge", step="capture", max_attempts=3)
+    def capture(state, ctx):
+        return gendurable.Done(state)
+
+    engine.register(start)
+    with pytest.raises(InvalidConfig, match="'Charge': max_attempts is declared twice"):
+        engine.register(capture)
+    with pytest.raises(InvalidConfig, match=r"'Charge': backoff must be a \(base, max\) pair"):
+        gendurable.workflow("Charge", backoff=5)
+
+
 def test_unreachable_database_is_a_database_error(schema):
     e = gendurable.Engine("postgres://nobody@127.0.0.1:1/none", schema=schema)
     with pytest.raises(gendurable.DatabaseError) as exc:

@@ -397,6 +397,67 @@ def test_insert_many_and_scheduling(make_engine):
     assert engine.insert_many([]) == []
 
 
+def test_an_insert_takes_its_workflows_defaults_unless_it_names_its_own(make_engine):
+    engine = make_engine()
+
+    @engine.workflow("Charge", queue="billing", priority=2, max_attempts=5, backoff=(1.0, 60.0))
+    def charge(step, state, ctx):
+        return Done(state)
+
+    @gendurable.workflow("Refund", step="start", max_attempts=3)
+    def refund(state, ctx):
+        return Done(state)
+
+    @engine.workflow("Plain")
+    def plain(step, state, ctx):
+        return Done(state)
+
+    engine.register(refund)
+
+    def stored(id_):
+        i = engine.get(id_)
+        return (i.queue, i.priority, i.max_attempts)
+
+    assert stored(engine.insert(charge, {})) == ("billing", 2, 5)
+    own = engine.insert("Charge", {}, queue="default", priority=0, max_attempts=20)
+    assert stored(own) == ("default", 0, 20)
+    ids = engine.insert_many(
+        [
+            gendurable.NewInstance("Charge", priority=7),
+            {"workflow": "Charge", "queue": "urgent"},
+            gendurable.NewInstance("Refund"),
+            gendurable.NewInstance("Plain"),
+        ]
+    )
+    assert [stored(i) for i in ids] == [
+        ("billing", 7, 5),
+        ("urgent", 2, 5),
+        ("default", 0, 3),
+        ("default", 0, 20),
+    ]
+
+
+def test_a_workflows_max_attempts_and_backoff_apply_to_its_errors(make_engine):
+    # The engine's backoff would hold the retry for minutes; the workflow's
+    # retries it at once.
+    engine = make_engine(backoff=(600, 3600))
+    attempts = []
+
+    @engine.workflow("Flaky", max_attempts=2, backoff=(0.01, 0.05))
+    def flaky(step, state, ctx):
+        attempts.append((ctx.attempt, ctx.max_attempts))
+        raise RuntimeError("upstream said no")
+
+    id_ = engine.insert(flaky, {})
+    engine.start()
+    inst = wait_until(lambda: engine.get(id_).finished and engine.get(id_), "a discard")
+    engine.shutdown()
+    assert inst.status == "discarded"
+    assert (inst.attempt, inst.max_attempts) == (2, 2)
+    assert attempts == [(1, 2), (2, 2)]
+    assert [e["message"] for e in inst.errors] == ["RuntimeError: upstream said no"] * 2
+
+
 async def test_async_client_calls(make_engine):
     engine = make_engine()
     done = asyncio.Event()

@@ -31,6 +31,10 @@ def workflow(
     *,
     step: Optional[str] = None,
     rate_limits: Optional[Mapping[str, str]] = None,
+    queue: Optional[str] = None,
+    priority: Optional[int] = None,
+    max_attempts: Optional[int] = None,
+    backoff: Optional[tuple[float, float]] = None,
 ) -> Callable[[T], T]:
     """Mark a class or a function as the workflow ``name``, to be registered
     with ``Engine(workflows=[...])`` or ``engine.register(...)``.
@@ -48,15 +52,22 @@ def workflow(
     ``rate_limits`` declares a rate-limit key per step (``{"call_model":
     "openai:shared"}``): applied whenever an instance moves to that step, or is
     inserted at it, without an explicit ``rate_limit``.
+
+    ``queue``, ``priority`` and ``max_attempts`` are what an insert of this
+    workflow gets when it does not name them (else the engine's: ``"default"``,
+    0, 20); ``backoff=(base, max)``, in seconds, is how its errors are retried
+    (else the engine's ``backoff``). The core checks them when the engine is
+    built.
     """
     _gendurable.check_name("workflow", _str("workflow", name))
     if step is not None:
         _gendurable.check_name("step", _str("step", step))
     declared = _declared_rate_limits(rate_limits)
+    defaults = _defaults(name, queue, priority, max_attempts, backoff)
 
     def mark(target: T) -> T:
         marks = list(getattr(target, _MARK, ()))
-        marks.append((name, step, declared))
+        marks.append((name, step, declared, defaults))
         try:
             setattr(target, _MARK, tuple(marks))
         except (AttributeError, TypeError) as exc:
@@ -81,6 +92,28 @@ def _declared_rate_limits(rate_limits: Optional[Mapping[str, str]]) -> dict[str,
     return out
 
 
+def _defaults(
+    name: str,
+    queue: Optional[str],
+    priority: Optional[int],
+    max_attempts: Optional[int],
+    backoff: Optional[tuple[float, float]],
+) -> dict[str, Any]:
+    """A workflow's defaults as the core's ``workflow_defaults`` entry
+    (gendurable::options::WorkflowDefaultsOptions): those given, backoff in
+    milliseconds. The core checks the values."""
+    d: dict[str, Any] = {}
+    if queue is not None:
+        d["queue"] = queue
+    if priority is not None:
+        d["priority"] = priority
+    if max_attempts is not None:
+        d["max_attempts"] = max_attempts
+    if backoff is not None:
+        d["backoff"] = _backoff(backoff, f"workflow {name!r}: backoff")
+    return d
+
+
 def _str(field: str, v: Any) -> str:
     if not isinstance(v, str):
         raise InvalidInput(f"invalid {field}: must be a str, got {v!r}", field=field)
@@ -99,12 +132,15 @@ class _Workflow:
         self.steps: dict[str, tuple[Callable[..., Any], bool, bool]] = {}
         self.fallback: Optional[tuple[Callable[..., Any], bool, bool]] = None
         self.rate_limits: dict[str, str] = {}
+        # The core's workflow_defaults entry: queue, priority, max_attempts, backoff.
+        self.defaults: dict[str, Any] = {}
 
     def copy(self) -> _Workflow:
         w = _Workflow(self.name)
         w.steps = dict(self.steps)
         w.fallback = self.fallback
         w.rate_limits = dict(self.rate_limits)
+        w.defaults = dict(self.defaults)
         return w
 
     def table(self) -> tuple:
@@ -118,6 +154,12 @@ class _Workflow:
                     f"workflow {self.name!r}: step {step!r} declares two rate limits"
                 )
             self.rate_limits[step] = key
+
+    def add_defaults(self, declared: Mapping[str, Any]) -> None:
+        for option, value in declared.items():
+            if self.defaults.get(option, value) != value:
+                raise InvalidConfig(f"workflow {self.name!r}: {option} is declared twice")
+            self.defaults[option] = value
 
     def add_step(self, step: str, fn: Callable[..., Any], takes_step: bool = False) -> None:
         if step in self.steps:
@@ -343,11 +385,11 @@ def _rates(v: Any) -> Any:
     }
 
 
-def _backoff(v: Any) -> Any:
+def _backoff(v: Any, what: str = "backoff") -> Any:
     if v is None:
         return None
     if not (isinstance(v, (tuple, list)) and len(v) == 2):
-        raise InvalidConfig(f"backoff must be a (base, max) pair of seconds, got {v!r}")
+        raise InvalidConfig(f"{what} must be a (base, max) pair of seconds, got {v!r}")
     return {"base": _millis(v[0]), "max": _millis(v[1])}
 
 
@@ -491,6 +533,7 @@ class Engine:
         global _used
         _used = True
         self._core = _gendurable.Core(options)
+        self._options = options
         self.schema = schema
         self._workflows: dict[str, _Workflow] = {}
         # Held while workflows are registered, the engine is built, and the
@@ -509,13 +552,26 @@ class Engine:
         *,
         step: Optional[str] = None,
         rate_limits: Optional[Mapping[str, str]] = None,
+        queue: Optional[str] = None,
+        priority: Optional[int] = None,
+        max_attempts: Optional[int] = None,
+        backoff: Optional[tuple[float, float]] = None,
     ) -> Callable[[T], T]:
         """Like :func:`gendurable.workflow`, and registers the target with this engine."""
-        mark = workflow(name, step=step, rate_limits=rate_limits)
+        mark = workflow(
+            name,
+            step=step,
+            rate_limits=rate_limits,
+            queue=queue,
+            priority=priority,
+            max_attempts=max_attempts,
+            backoff=backoff,
+        )
         declared = _declared_rate_limits(rate_limits)
+        defaults = _defaults(name, queue, priority, max_attempts, backoff)
 
         def decorate(target: T) -> T:
-            self._add(name, step, target, declared)
+            self._add(name, step, target, declared, defaults)
             return mark(target)
 
         return decorate
@@ -528,11 +584,16 @@ class Engine:
                 raise InvalidConfig(
                     f"{target!r} is not a workflow: decorate it with @gendurable.workflow(name)"
                 )
-            for name, step, declared in marks:
-                self._add(name, step, target, declared)
+            for name, step, declared, defaults in marks:
+                self._add(name, step, target, declared, defaults)
 
     def _add(
-        self, name: str, step: Optional[str], target: Any, declared: Mapping[str, str]
+        self,
+        name: str,
+        step: Optional[str],
+        target: Any,
+        declared: Mapping[str, str],
+        defaults: Mapping[str, Any],
     ) -> None:
         with self._lock:
             if self._core.built:
@@ -557,19 +618,25 @@ class Engine:
             else:
                 raise InvalidConfig(f"workflow {name!r}: {target!r} is not a class or a function")
             w.add_rate_limits(declared)
+            w.add_defaults(defaults)
             workflows = {**self._workflows, name: w}
             self._core.check([x.table() for x in workflows.values()])
             self._workflows = workflows
 
     def _native(self) -> Any:
         """The native engine, built at the first call with the workflows
-        registered by then."""
+        registered by then, and the defaults they declare."""
         core = self._core
         if not core.built:
             _check_fork()
             with self._lock:
                 if not core.built:
-                    core.build([w.table() for w in self._workflows.values()])
+                    workflows = self._workflows.values()
+                    options = {
+                        **self._options,
+                        "workflow_defaults": {w.name: w.defaults for w in workflows if w.defaults},
+                    }
+                    core.build([w.table() for w in workflows], options)
         return core
 
     @property
