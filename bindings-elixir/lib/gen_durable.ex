@@ -164,6 +164,38 @@ defmodule GenDurable do
   `:rate_limits`: otherwise the engine does not start and the error (a
   `GenDurable.Error` of kind `:invalid_config`) names the workflow, the
   step and the key.
+
+  ## Defaults per workflow
+
+  A workflow can declare the queue, priority and attempts its instances get
+  when an insert does not name them, and how its errors are retried:
+
+      defmodule Charge do
+        use GenDurable, queue: "billing", priority: 2, max_attempts: 5, backoff: {1_000, 60_000}
+
+        @impl true
+        def handle_step("start", state, _ctx), do: {:done, state}
+      end
+
+  Options of `use GenDurable`, each optional:
+
+    * `:queue`, `:priority` (0 to 9), `:max_attempts` — what an insert of
+      the workflow gets when it does not give its own. An insert's own
+      option wins, then the workflow's, then the engine's (`"default"`, 0,
+      20), whether the insert names the workflow by its module or by its
+      name.
+    * `:backoff` — `{base, max}` in milliseconds (here 1 s doubling up to
+      60 s): how this workflow's errors are retried, instead of the
+      engine's `:backoff`.
+
+  The engine passes them to the core as its `workflow_defaults` option for
+  each module in `:workflows`. The core checks the values when the engine
+  starts: a bad one and the engine does not start, with a `GenDurable.Error`
+  of kind `:invalid_config` naming the workflow and the option
+  (`workflow_defaults "Charge": invalid priority: must be 0 to 9, got 12`).
+  Inserts take the defaults through an engine whose `:workflows` lists the
+  module, and retries take the backoff on the nodes that run it: every node
+  running a workflow should declare the same defaults.
   """
 
   alias GenDurable.{Error, Native, Options}
@@ -198,25 +230,39 @@ defmodule GenDurable do
     * `:rate_limits` — a map of step names to rate-limit keys, such as
       `%{"call_api" => "openai:default"}`. See "Rate limits per step" in the
       module documentation.
+    * `:queue`, `:priority`, `:max_attempts`, `:backoff` (`{base, max}` in
+      milliseconds) — the workflow's defaults. See "Defaults per workflow"
+      in the module documentation.
 
-  Bad options raise `ArgumentError` when the module is compiled.
+  An unknown option or a bad `:rate_limits` raises `ArgumentError` when the
+  module is compiled; the engine's core checks the defaults when it starts.
   """
   defmacro __using__(opts) do
     quote bind_quoted: [opts: opts] do
       @behaviour GenDurable
-      @gen_durable_rate_limits GenDurable.__use__!(__MODULE__, opts)
+      {rate_limits, defaults} = GenDurable.__use__!(__MODULE__, opts)
+      @gen_durable_rate_limits rate_limits
+      @gen_durable_defaults defaults
 
       @doc false
       def __gen_durable_workflow__, do: GenDurable.workflow_name(__MODULE__)
 
       @doc false
       def __gen_durable_rate_limits__, do: @gen_durable_rate_limits
+
+      @doc false
+      def __gen_durable_defaults__, do: @gen_durable_defaults
     end
   end
 
+  @defaults [:queue, :priority, :max_attempts, :backoff]
+  @use_options [:rate_limits | @defaults]
+
   @doc false
   # Checks the options of `use GenDurable` when the workflow module is
-  # compiled; returns the declared rate limits.
+  # compiled; returns the declared rate limits and the workflow's defaults
+  # (a keyword list of those given). The defaults' values are the core's to
+  # check, when the engine starts.
   def __use__!(module, opts) do
     what = "use GenDurable in #{inspect(module)}"
 
@@ -224,18 +270,20 @@ defmodule GenDurable do
       raise ArgumentError, "#{what}: options must be a keyword list, got: #{inspect(opts)}"
     end
 
-    case Keyword.keys(opts) -- [:rate_limits] do
+    case Keyword.keys(opts) -- @use_options do
       [] ->
         :ok
 
       [unknown | _] ->
-        raise ArgumentError, "#{what}: unknown option #{inspect(unknown)}; known: :rate_limits"
+        raise ArgumentError,
+              "#{what}: unknown option #{inspect(unknown)}; known: " <>
+                Enum.map_join(@use_options, ", ", &inspect/1)
     end
 
     declared = Keyword.get(opts, :rate_limits, %{})
 
     case check_rate_limits(declared) do
-      :ok -> declared
+      :ok -> {declared, Keyword.take(opts, @defaults)}
       {:error, message} -> raise ArgumentError, "#{what}: #{message}"
     end
   end
@@ -364,16 +412,19 @@ defmodule GenDurable do
 
     * `:state` — a map (default `%{}`), stored as JSON: keys become strings
     * `:step` — the first step (default `"start"`)
-    * `:queue` — default `"default"`
-    * `:priority` — 0 (first, the default) to 9
+    * `:queue` — default: the workflow's, else `"default"`
+    * `:priority` — 0 (first) to 9; default: the workflow's, else 0
     * `:concurrency_key` — `"stripe:7"` or `{:stripe, 7}`
     * `:rate_limit` — a rate-limit key for the first step
     * `:schedule_in` (ms) or `:scheduled_at` (`DateTime`, or an RFC 3339 string)
-    * `:max_attempts` — attempts per step (default 20)
+    * `:max_attempts` — attempts per step; default: the workflow's, else 20
     * `:engine` — the engine's name (default `GenDurable`)
 
-  The core checks the options (`gendurable::options::InsertOptions`) and
-  the values; an error names the option in its `:field`.
+  Only the options given are passed: the core fills in the rest, from the
+  workflow's defaults (`use GenDurable, queue: ...`) when the engine runs
+  the workflow, else the engine's. The core checks the options
+  (`gendurable::options::InsertOptions`) and the values; an error names the
+  option in its `:field`.
 
   ## Example
 

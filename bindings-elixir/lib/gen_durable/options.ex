@@ -10,9 +10,12 @@ defmodule GenDurable.Options do
   #
   #   * `:name`, the name the tree is registered under;
   #   * `:workflows`, modules: each must be available and define
-  #     handle_step/3. Its workflow name and the rate limits it declares
-  #     (`use GenDurable, rate_limits: ...`) become the core's workflows and
-  #     `step_rate_limits`;
+  #     handle_step/3. Its workflow name, the rate limits it declares
+  #     (`use GenDurable, rate_limits: ...`) and its defaults (`use
+  #     GenDurable, queue: ..., priority: ..., max_attempts: ..., backoff:
+  #     {base, max}`) become the core's workflows, `step_rate_limits` and
+  #     `workflow_defaults`; a `{base, max}` backoff becomes `[base:, max:]`
+  #     and the core checks the values;
   #   * `:url` defaults to the `DATABASE_URL` variable;
   #   * a keyword list can give a name twice and a map cannot: a name given
   #     twice is refused rather than one of its values dropped;
@@ -33,7 +36,10 @@ defmodule GenDurable.Options do
          {:ok, workflows} <- workflows(Keyword.get(opts, :workflows, [])),
          {:ok, options} <- translate(Keyword.drop(opts, [:name, :workflows]), []),
          {:ok, options} <- url(options) do
-      options = declare_rate_limits(options, workflows)
+      options =
+        options
+        |> declare("step_rate_limits", for(w <- workflows, do: {w.name, w.rate_limits}))
+        |> declare("workflow_defaults", for(w <- workflows, do: {w.name, w.defaults}))
 
       {:ok,
        %{
@@ -161,12 +167,13 @@ defmodule GenDurable.Options do
         true ->
           name = GenDurable.workflow_name(mod)
 
-          case translate(declared_rate_limits(mod), ["step_rate_limits", name]) do
-            {:ok, declared} ->
-              {:cont, {:ok, [%{name: name, module: mod, rate_limits: declared} | acc]}}
-
-            err ->
-              {:halt, err}
+          with {:ok, rate_limits} <-
+                 translate(declared_rate_limits(mod), ["step_rate_limits", name]),
+               {:ok, defaults} <- translate(declared_defaults(mod), ["workflow_defaults", name]) do
+            w = %{name: name, module: mod, rate_limits: rate_limits, defaults: defaults}
+            {:cont, {:ok, [w | acc]}}
+          else
+            err -> {:halt, err}
           end
       end
     end)
@@ -186,15 +193,35 @@ defmodule GenDurable.Options do
       else: %{}
   end
 
-  # The workflows' declarations become the core's `step_rate_limits`, which
-  # checks each key against the configured rate limits.
-  defp declare_rate_limits(options, workflows) do
-    declared = for %{name: name, rate_limits: d} <- workflows, d != %{}, into: %{}, do: {name, d}
+  # What `use GenDurable, queue: ..., priority: ..., max_attempts: ...,
+  # backoff: {base, max}` declared, the backoff as the core reads it; the
+  # core checks the values.
+  defp declared_defaults(mod) do
+    declared =
+      if function_exported?(mod, :__gen_durable_defaults__, 0),
+        do: mod.__gen_durable_defaults__(),
+        else: []
 
-    case Map.get(options, "step_rate_limits") do
+    if is_list(declared) and Keyword.keyword?(declared) do
+      Enum.map(declared, fn
+        {:backoff, {base, max}} -> {:backoff, [base: base, max: max]}
+        other -> other
+      end)
+    else
+      declared
+    end
+  end
+
+  # The workflows' declarations become the core's `step_rate_limits` (which
+  # it checks against the configured rate limits) and `workflow_defaults`,
+  # added to those given as engine options; a workflow's declaration wins.
+  defp declare(options, option, workflows) do
+    declared = for {name, d} <- workflows, d != %{}, into: %{}, do: {name, d}
+
+    case Map.get(options, option) do
       _ when declared == %{} -> options
-      nil -> Map.put(options, "step_rate_limits", declared)
-      given when is_map(given) -> Map.put(options, "step_rate_limits", Map.merge(given, declared))
+      nil -> Map.put(options, option, declared)
+      given when is_map(given) -> Map.put(options, option, Map.merge(given, declared))
       _ -> options
     end
   end

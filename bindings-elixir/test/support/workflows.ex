@@ -188,3 +188,45 @@ defmodule GenDurableTest.Spawner do
     {:done, Map.put(state, "child", child)}
   end
 end
+
+defmodule GenDurableTest.Charge do
+  @moduledoc false
+  # Declares the queue, priority and attempts of an insert that names none.
+  use GenDurable, queue: "billing", priority: 2, max_attempts: 5, backoff: {1_000, 60_000}
+
+  @impl true
+  def handle_step(_step, state, _ctx), do: {:done, state}
+end
+
+defmodule GenDurableTest.Refund do
+  @moduledoc false
+  # Declares only its attempts, next to a rate limit.
+  use GenDurable, rate_limits: %{"call_api" => "api:refunds"}, max_attempts: 3
+
+  @impl true
+  def handle_step(_step, state, _ctx), do: {:done, state}
+end
+
+defmodule GenDurableTest.AlwaysFails do
+  @moduledoc false
+  # Fails every attempt; its own attempts and backoff decide when it is
+  # discarded.
+  use GenDurable, max_attempts: 2, backoff: {10, 50}
+  import GenDurable.TestHelper, only: [notify: 3]
+
+  @impl true
+  def handle_step(step, state, ctx) do
+    notify(state, step, ctx)
+    {:error, "upstream said no (attempt #{ctx.attempt})"}
+  end
+end
+
+defmodule GenDurableTest.BadPriority do
+  @moduledoc false
+  # A default the core refuses (priorities are 0 to 9): compiles, and stops
+  # the engine that runs it from starting.
+  use GenDurable, priority: 12
+
+  @impl true
+  def handle_step(_step, state, _ctx), do: {:done, state}
+end
