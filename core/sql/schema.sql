@@ -22,6 +22,12 @@ CREATE FUNCTION gendurable.claim_key(k text) RETURNS boolean
     AS -- sql/functions/claim_key.sql, source md5 3c0e88fbc37509c7f715e02a5171d876
 ;
 
+CREATE FUNCTION gendurable.enqueue(workflow text, state jsonb DEFAULT '{}'::jsonb, step text DEFAULT 'start'::text, queue text DEFAULT 'default'::text, priority integer DEFAULT 0, concurrency_key text DEFAULT NULL::text, rate_limit text DEFAULT NULL::text, max_attempts integer DEFAULT 20, scheduled_at timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS bigint
+    LANGUAGE plpgsql
+    SET search_path TO 'gendurable'
+    AS -- sql/functions/enqueue.sql, source md5 991bfb268f97bb12d6f3acfaba3ae256
+;
+
 CREATE FUNCTION gendurable.handoff(outcomes jsonb, node_id text, channel text, notify boolean, queues text[], demands integer[], skip_pick boolean[], reserve boolean[], unreserve bigint[], unreserve_tokens bigint[], win_factor double precision, workflows text[], gate_names text[], gate_limits integer[], gate_shards integer[], rate_names text[], rate_intervals double precision[], rate_tolerances double precision[]) RETURNS TABLE(claimed gendurable.claim, reserved boolean, written integer, released integer, handed_over integer, released_keys text[], promoted bigint[])
     LANGUAGE plpgsql
     SET search_path TO 'gendurable'

@@ -30,6 +30,7 @@ const FUNCTIONS: &[(&str, &str)] = functions![
     release_reserved,
     pick,
     handoff,
+    enqueue,
 ];
 
 /// Create the schema and bring it up to date. Safe to run from many nodes at

@@ -1,0 +1,108 @@
+-- Enqueue one instance inside the caller's own transaction, from any
+-- language or ORM:
+--
+--   SELECT gendurable.enqueue('Charge', '{"id": 7}', concurrency_key => 'account:7');
+--
+-- The checks of an insert through a client, with the same messages
+-- ("invalid priority: must be 0 to 9, got 12"; SQLSTATE 22023). The row is
+-- visible, and the pickers of its queue are woken, when the transaction
+-- commits (NOTIFY is transactional); a rollback leaves nothing. Returns the
+-- new instance's id. What lives in the nodes' configuration does not apply
+-- here: per-workflow defaults and declared step rate limits, and a rate
+-- limit's name is not checked against the configured ones (one no node
+-- configures does not limit). A row that cannot run now is parked by the
+-- first pick or maintenance pass that meets it.
+CREATE OR REPLACE FUNCTION enqueue(workflow text, state jsonb DEFAULT '{}', step text DEFAULT 'start',
+                                   queue text DEFAULT 'default', priority integer DEFAULT 0,
+                                   concurrency_key text DEFAULT NULL, rate_limit text DEFAULT NULL,
+                                   max_attempts integer DEFAULT 20,
+                                   scheduled_at timestamptz DEFAULT NULL)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    field text;
+    v text;
+    reason text;
+    new_id bigint;
+    due timestamptz := coalesce(enqueue.scheduled_at, now());
+BEGIN
+    -- Names: 1 to 255 bytes, no control characters (validate::name).
+    FOR field, v IN VALUES ('workflow', enqueue.workflow), ('step', enqueue.step), ('queue', enqueue.queue)
+    LOOP
+        reason := CASE WHEN v IS NULL OR v = '' THEN 'must not be empty'
+                       WHEN octet_length(v) > 255
+                       THEN format('is %s bytes long; the limit is 255', octet_length(v))
+                       WHEN v ~ '[[:cntrl:]]' THEN 'must not contain NUL or control characters'
+                  END;
+        IF reason IS NOT NULL THEN
+            RAISE EXCEPTION 'invalid %: %', field, reason USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+    END LOOP;
+    -- The state: an object, at most 100 levels deep, at most 64 MiB
+    -- (validate::state); jsonb holds no NUL.
+    reason := CASE WHEN enqueue.state IS NULL THEN 'must be a JSON object, got null'
+                   WHEN jsonb_typeof(enqueue.state) <> 'object'
+                   THEN 'must be a JSON object, got ' || CASE jsonb_typeof(enqueue.state)
+                            WHEN 'array' THEN 'an array' WHEN 'string' THEN 'a string'
+                            WHEN 'number' THEN 'a number' WHEN 'boolean' THEN 'a boolean'
+                            ELSE 'null' END
+              END;
+    IF reason IS NULL AND EXISTS (
+        WITH RECURSIVE c(v, depth) AS (
+            SELECT enqueue.state, 1
+            UNION ALL
+            SELECT e.v, c.depth + 1
+            FROM c CROSS JOIN LATERAL (
+                SELECT value FROM jsonb_each(CASE WHEN jsonb_typeof(c.v) = 'object' THEN c.v ELSE '{}' END)
+                UNION ALL
+                SELECT value FROM jsonb_array_elements(CASE WHEN jsonb_typeof(c.v) = 'array' THEN c.v ELSE '[]' END)
+            ) e(v)
+            WHERE c.depth <= 100 AND jsonb_typeof(e.v) IN ('object', 'array')
+        )
+        SELECT 1 FROM c WHERE depth > 100)
+    THEN
+        reason := 'is nested more than 100 levels deep';
+    END IF;
+    IF reason IS NULL AND octet_length(enqueue.state::text) > 64 * 1024 * 1024 THEN
+        reason := format('is %s bytes; the limit is %s', octet_length(enqueue.state::text), 64 * 1024 * 1024);
+    END IF;
+    IF reason IS NOT NULL THEN
+        RAISE EXCEPTION 'invalid state: %', reason USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF enqueue.priority IS NULL OR enqueue.priority NOT BETWEEN 0 AND 9 THEN
+        RAISE EXCEPTION 'invalid priority: must be 0 to 9, got %', coalesce(enqueue.priority::text, 'null')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF enqueue.max_attempts IS NULL OR enqueue.max_attempts < 1 THEN
+        RAISE EXCEPTION 'invalid max_attempts: must be at least 1, got %', coalesce(enqueue.max_attempts::text, 'null')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- Keys: "name:rest", at most 1024 bytes (validate::key).
+    FOR field, v IN VALUES ('concurrency_key', enqueue.concurrency_key), ('rate_limit', enqueue.rate_limit)
+    LOOP
+        reason := CASE WHEN v IS NULL THEN NULL
+                       WHEN v = '' THEN 'must not be empty'
+                       WHEN octet_length(v) > 1024
+                       THEN format('is %s bytes long; the limit is 1024', octet_length(v))
+                       WHEN split_part(v, ':', 1) = ''
+                       THEN format('"%s" has an empty name: keys look like "name:rest"', v)
+                  END;
+        IF reason IS NOT NULL THEN
+            RAISE EXCEPTION 'invalid %: %', field, reason USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+    END LOOP;
+
+    INSERT INTO instances (workflow, step, state, queue, priority, concurrency_key, rate_key,
+                           max_attempts, status, scheduled_at)
+    VALUES (enqueue.workflow, enqueue.step, enqueue.state, enqueue.queue, enqueue.priority,
+            enqueue.concurrency_key, enqueue.rate_limit, enqueue.max_attempts,
+            CASE WHEN due > now() THEN 'scheduled' ELSE 'available' END, due)
+    RETURNING instances.id INTO new_id;
+    IF due <= now() THEN
+        PERFORM pg_notify(current_schema() || '_wake', enqueue.queue);
+    END IF;
+    RETURN new_id;
+END
+$$;
