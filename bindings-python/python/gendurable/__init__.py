@@ -39,6 +39,7 @@ from .errors import (
     Saturated,
     ShutDown,
 )
+from .sql import enqueue, enqueue_async, enqueue_sql
 from .transitions import KEEP, Await, Cancel, Discard, Done, Next, Snooze, Transition
 
 __all__ = [
@@ -69,5 +70,8 @@ __all__ = [
     "Transition",
     "Wake",
     "__version__",
+    "enqueue",
+    "enqueue_async",
+    "enqueue_sql",
     "workflow",
 ]

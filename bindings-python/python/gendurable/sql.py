@@ -1,0 +1,212 @@
+"""Enqueue an instance in the application's own transaction.
+
+The core's SQL function ``<schema>.enqueue(...)`` inserts one instance in
+whatever transaction the caller is in: the row appears, and the pickers of its
+queue are woken, when that transaction commits; a rollback leaves nothing.
+These helpers build its call with bound parameters (:func:`enqueue_sql`, for
+any driver) or run it on a psycopg 3 (:func:`enqueue`) or asyncpg
+(:func:`enqueue_async`) connection. Neither driver is a dependency: the
+connection is recognised by the methods it has.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import inspect
+import json
+import re
+from collections.abc import Mapping
+from typing import Any, Optional, Union
+
+from .engine import _str, _workflow_name
+from .errors import InvalidConfig, InvalidInput
+from .transitions import ConcurrencyKey, key_str
+
+__all__ = ["enqueue", "enqueue_async", "enqueue_sql"]
+
+# As the core's validate::schema: it is quoted into the statement text.
+_SCHEMA = re.compile(r"[a-z_][a-z0-9_]{0,47}")
+
+# The function's parameters, in order, with the type each value is cast to
+# (so that no driver has to guess it).
+_CASTS = {
+    "workflow": "text",
+    "state": "jsonb",
+    "step": "text",
+    "queue": "text",
+    "priority": "integer",
+    "concurrency_key": "text",
+    "rate_limit": "text",
+    "max_attempts": "integer",
+    "scheduled_at": "timestamptz",
+}
+
+
+def enqueue_sql(
+    workflow: Union[str, Any],
+    state: Optional[Mapping[str, Any]] = None,
+    *,
+    step: Optional[str] = None,
+    queue: Optional[str] = None,
+    priority: Optional[int] = None,
+    concurrency_key: Optional[ConcurrencyKey] = None,
+    rate_limit: Optional[str] = None,
+    max_attempts: Optional[int] = None,
+    scheduled_at: Optional[_dt.datetime] = None,
+    schema: str = "gendurable",
+    paramstyle: str = "format",
+) -> tuple[str, tuple[Any, ...]]:
+    """The statement that enqueues one instance, and its parameters.
+
+    Returns ``(sql, params)`` for a driver's ``execute``: ``SELECT
+    "gendurable".enqueue(workflow => %s::text, state => %s::jsonb, ...) AS id``
+    with only the options given (the others are the function's defaults:
+    step ``"start"``, queue ``"default"``, priority 0, max_attempts 20, now).
+    Every value is a bound parameter; only the schema name, checked like the
+    engine's (1 to 48 characters of a-z, 0-9 and _, not starting with a
+    digit), is quoted into the text.
+
+    ``paramstyle`` is ``"format"`` (``%s``: psycopg, and SQLAlchemy's
+    ``exec_driver_sql`` on it) or ``"numeric"`` (``$1``: asyncpg).
+    ``workflow`` is a name or a decorated workflow; ``state`` a dict, sent as
+    JSON text; ``concurrency_key`` ``"name:rest"`` or a ``(name, id)`` tuple;
+    ``scheduled_at`` a timezone-aware datetime.
+
+    Python checks only the types; the database checks the values, like an
+    insert through :meth:`Engine.insert`, and refuses bad ones when the
+    statement runs (SQLSTATE 22023, the engine's message). Per-workflow
+    defaults and declared step rate limits do not apply here (they live in
+    the nodes' configuration; see docs/operations.md).
+    """
+    if not (isinstance(schema, str) and _SCHEMA.fullmatch(schema)):
+        raise InvalidConfig(
+            f"schema {schema!r} must be 1 to 48 characters of a-z, 0-9 and _,"
+            " not starting with a digit"
+        )
+    if paramstyle == "format":
+        mark = "%s".format
+    elif paramstyle == "numeric":
+        mark = "${}".format
+    else:
+        raise InvalidConfig(f'paramstyle must be "format" or "numeric", got {paramstyle!r}')
+
+    values: dict[str, Any] = {"workflow": _str("workflow", _workflow_name(workflow))}
+    if state is not None:
+        values["state"] = _json("state", state)
+    if step is not None:
+        values["step"] = _str("step", step)
+    if queue is not None:
+        values["queue"] = _str("queue", queue)
+    if priority is not None:
+        values["priority"] = _int("priority", priority)
+    if concurrency_key is not None:
+        values["concurrency_key"] = key_str(concurrency_key)
+    if rate_limit is not None:
+        values["rate_limit"] = _str("rate_limit", rate_limit)
+    if max_attempts is not None:
+        values["max_attempts"] = _int("max_attempts", max_attempts)
+    if scheduled_at is not None:
+        values["scheduled_at"] = _aware("scheduled_at", scheduled_at)
+
+    args = ", ".join(
+        f"{name} => {mark(n)}::{_CASTS[name]}" for n, name in enumerate(values, start=1)
+    )
+    return f'SELECT "{schema}".enqueue({args}) AS id', tuple(values.values())
+
+
+def enqueue(
+    conn: Any,
+    workflow: Union[str, Any],
+    state: Optional[Mapping[str, Any]] = None,
+    **options: Any,
+) -> int:
+    """Enqueue one instance in ``conn``'s current transaction; return its id.
+
+    ``conn`` is a psycopg 3 connection or cursor (anything whose
+    ``execute(sql, params)`` takes ``%s`` placeholders and gives a cursor).
+    The options are those of :func:`enqueue_sql` (``step``, ``queue``,
+    ``priority``, ``concurrency_key``, ``rate_limit``, ``max_attempts``,
+    ``scheduled_at``, ``schema``). The instance becomes visible, and the
+    nodes are woken, when the transaction commits; a rollback leaves
+    nothing::
+
+        with conn.transaction():
+            conn.execute("INSERT INTO orders ...", ...)
+            gendurable.enqueue(conn, "Orders.Fulfil", {"order_id": 7},
+                               concurrency_key=("account", 3))
+
+    Input the database refuses raises the driver's own exception (with
+    psycopg, a ``psycopg.errors.InvalidParameterValue``: ``sqlstate`` is
+    ``"22023"`` and the message the engine's, e.g. ``invalid priority: must
+    be 0 to 9, got 12``); it aborts the transaction like any failed
+    statement. Per-workflow defaults (``queue``, ``priority``,
+    ``max_attempts`` given to :func:`gendurable.workflow`) and declared step
+    rate limits do not apply: they live in the nodes' configuration (see
+    "Enqueue in the application's own transaction" in docs/operations.md).
+    For asyncio use :func:`enqueue_async`.
+    """
+    if callable(getattr(conn, "fetchval", None)) or inspect.iscoroutinefunction(
+        getattr(conn, "execute", None)
+    ):
+        raise TypeError("an asyncio connection: use await gendurable.enqueue_async(conn, ...)")
+    if not callable(getattr(conn, "execute", None)):
+        raise TypeError(f"not a psycopg connection or cursor: {conn!r}")
+    sql, params = enqueue_sql(workflow, state, paramstyle="format", **options)
+    return _id(conn.execute(sql, params).fetchone())
+
+
+async def enqueue_async(
+    conn: Any,
+    workflow: Union[str, Any],
+    state: Optional[Mapping[str, Any]] = None,
+    **options: Any,
+) -> int:
+    """:func:`enqueue` for asyncio: ``conn`` is an asyncpg connection
+    (``fetchval``), or a psycopg 3 async connection or cursor.
+
+    Input the database refuses raises the driver's own exception (with
+    asyncpg, an ``asyncpg.exceptions.InvalidParameterValueError``:
+    ``sqlstate`` is ``"22023"``). Per-workflow defaults and declared step
+    rate limits do not apply (see :func:`enqueue`)::
+
+        async with conn.transaction():
+            await conn.execute("INSERT INTO orders ...", ...)
+            await gendurable.enqueue_async(conn, "Orders.Fulfil", {"order_id": 7})
+    """
+    if callable(getattr(conn, "fetchval", None)):
+        sql, params = enqueue_sql(workflow, state, paramstyle="numeric", **options)
+        return await conn.fetchval(sql, *params)
+    if inspect.iscoroutinefunction(getattr(conn, "execute", None)):
+        sql, params = enqueue_sql(workflow, state, paramstyle="format", **options)
+        cur = await conn.execute(sql, params)
+        return _id(await cur.fetchone())
+    raise TypeError(f"not an asyncpg connection or a psycopg async connection: {conn!r}")
+
+
+def _id(row: Any) -> int:
+    """The id from a row, whatever the cursor's row factory."""
+    return row["id"] if isinstance(row, Mapping) else row[0]
+
+
+def _json(field: str, v: Any) -> str:
+    try:
+        return json.dumps(v, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError) as e:
+        raise InvalidInput(f"invalid {field}: not JSON: {e}", field=field) from None
+
+
+def _int(field: str, v: Any) -> int:
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise InvalidInput(f"invalid {field}: must be an int, got {v!r}", field=field)
+    return v
+
+
+def _aware(field: str, v: Any) -> _dt.datetime:
+    if not isinstance(v, _dt.datetime):
+        raise InvalidInput(f"invalid {field}: must be a datetime, got {v!r}", field=field)
+    if v.utcoffset() is None:
+        raise InvalidInput(
+            f"invalid {field}: must be timezone-aware (e.g. datetime.now(timezone.utc))",
+            field=field,
+        )
+    return v
