@@ -196,6 +196,22 @@ defmodule GenDurable do
   Inserts take the defaults through an engine whose `:workflows` lists the
   module, and retries take the backoff on the nodes that run it: every node
   running a workflow should declare the same defaults.
+
+  ## Enqueue in your own transaction
+
+  `enqueue_query/3` returns the statement and parameters that insert an
+  instance in the application's transaction, with Ecto or Postgrex, so that
+  a business write and the work it implies commit together:
+
+      Repo.transaction(fn ->
+        order = Repo.insert!(order)
+        {sql, params} = GenDurable.enqueue_query(Orders.Fulfil, %{order_id: order.id})
+        Repo.query!(sql, params)
+      end)
+
+  Given a module, it applies the module's declared defaults and the rate
+  limit declared for its first step, as an insert through an engine does;
+  the engines' configuration does not apply (see `enqueue_query/3`).
   """
 
   alias GenDurable.{Error, Native, Options}
@@ -532,6 +548,69 @@ defmodule GenDurable do
   @doc "Like `cancel/2`, raising `GenDurable.Error`."
   def cancel!(id, opts \\ []), do: bang(cancel(id, opts))
 
+  @doc """
+  The statement and parameters that insert an instance of `workflow` in
+  your own transaction: `{sql, params}` for `Repo.query!/2` (Ecto) or
+  `Postgrex.query!/3`, so that a business write and the work it implies
+  commit together, or neither does. No engine is needed where it runs.
+
+      Repo.transaction(fn ->
+        order = Repo.insert!(order)
+
+        {sql, params} =
+          GenDurable.enqueue_query(Orders.Fulfil, %{order_id: order.id},
+            concurrency_key: {:account, order.account_id}
+          )
+
+        %{rows: [[instance_id]]} = Repo.query!(sql, params)
+      end)
+
+  The statement calls the SQL function `<schema>.enqueue(...)` (see "Enqueue
+  in the application's own transaction" in `docs/operations.md`): the row
+  appears, and the engines' pickers of its queue are woken, when the
+  transaction commits; a rollback leaves nothing. It returns the instance's
+  id.
+
+  `workflow` is a module using `GenDurable` or a workflow name; `state` a
+  map (default `%{}`). Options: `:step`, `:queue`, `:priority`,
+  `:concurrency_key` (`"stripe:7"` or `{:stripe, 7}`), `:rate_limit`,
+  `:max_attempts`, `:schedule_in` (ms, from the transaction's start) or
+  `:scheduled_at` (`DateTime`, or an RFC 3339 string), as for `insert/2`,
+  and `:schema`, the engine's schema (default `"gendurable"`).
+
+  Only the options given become arguments; every value is a parameter,
+  never statement text: the state is passed as JSON text (cast
+  `::text::jsonb`, so no JSON library is needed in Postgrex) and
+  `:scheduled_at` as RFC 3339 text. A module's declarations apply as in an
+  insert through an engine: its defaults (`use GenDurable, queue: ...,
+  priority: ..., max_attempts: ...`) fill the options not given, and a rate
+  limit it declares for the first step applies unless `:rate_limit` is
+  given. A workflow given by its name gets none of these, nor do the
+  engines' `workflow_defaults` option and the check that a rate limit's
+  name is configured.
+
+  The function checks the values when the statement runs, in the
+  transaction, like an insert and with its messages (SQLSTATE 22023, such
+  as `invalid priority: must be 0 to 9, got 12`). What cannot become a
+  parameter raises `GenDurable.Error` here, as an insert returns it: an
+  unknown option, a value of the wrong type, a state that is not JSON or
+  holds a NUL character, a schema that is not 1 to 48 characters of `a-z`,
+  `0-9` and `_`.
+  """
+  @spec enqueue_query(module | String.t(), map, keyword) :: {String.t(), [String.t() | integer]}
+  def enqueue_query(workflow, state \\ %{}, opts \\ []) do
+    with :ok <- insert_opts(opts),
+         :ok <- enqueue_opts(opts),
+         {:ok, schema} <- schema(Keyword.get(opts, :schema, "gendurable")),
+         {:ok, new} <- new_instance(workflow, [state: state] ++ Keyword.delete(opts, :schema)),
+         new = with_declared(new, workflow),
+         {:ok, args} <- enqueue_args(new) do
+      {enqueue_statement(schema, args), Enum.map(args, &elem(&1, 1))}
+    else
+      {:error, e} -> raise e
+    end
+  end
+
   # -- Helpers --------------------------------------------------------------
 
   @doc false
@@ -650,6 +729,106 @@ defmodule GenDurable do
 
   defp insert_value(:scheduled_at, %DateTime{} = at), do: DateTime.to_iso8601(at)
   defp insert_value(_k, v), do: v
+
+  # -- enqueue_query --------------------------------------------------------
+
+  @enqueue_options [
+    :step,
+    :queue,
+    :priority,
+    :concurrency_key,
+    :rate_limit,
+    :max_attempts,
+    :schedule_in,
+    :scheduled_at,
+    :schema
+  ]
+
+  defp enqueue_opts(opts) do
+    case Keyword.keys(opts) -- @enqueue_options do
+      [] ->
+        :ok
+
+      [unknown | _] ->
+        {:error,
+         Error.input(
+           :options,
+           "invalid options: unknown option #{inspect(unknown)} (known: " <>
+             Enum.map_join(@enqueue_options, ", ", &inspect/1) <> ")"
+         )}
+    end
+  end
+
+  # Quoted into the statement: checked as the core checks a schema name.
+  defp schema(s) do
+    if is_binary(s) and Regex.match?(~r/\A[a-z_][a-z0-9_]{0,47}\z/, s),
+      do: {:ok, s},
+      else:
+        {:error,
+         Error.input(
+           :schema,
+           "invalid schema: must be 1 to 48 characters of a-z, 0-9 and _, " <>
+             "not starting with a digit, got: #{inspect(s)}"
+         )}
+  end
+
+  # A module's declared defaults and first step's rate limit, where the
+  # insert gives none (as the core applies them when an engine runs the
+  # workflow).
+  defp with_declared(new, wf) when is_atom(wf) do
+    defaults =
+      if function_exported?(wf, :__gen_durable_defaults__, 0),
+        do: Keyword.take(wf.__gen_durable_defaults__(), [:queue, :priority, :max_attempts]),
+        else: []
+
+    new = Enum.reduce(defaults, new, fn {k, v}, acc -> Map.update(acc, k, v, &(&1 || v)) end)
+
+    declared =
+      if function_exported?(wf, :__gen_durable_rate_limits__, 0),
+        do: wf.__gen_durable_rate_limits__(),
+        else: %{}
+
+    step =
+      case Map.get(new, :step) do
+        nil -> "start"
+        a when is_atom(a) and a not in [true, false] -> Atom.to_string(a)
+        s -> s
+      end
+
+    case {Map.get(new, :rate_limit), Map.get(declared, step)} do
+      {nil, key} when is_binary(key) -> Map.put(new, :rate_limit, key)
+      _ -> new
+    end
+  end
+
+  defp with_declared(new, _name), do: new
+
+  defp enqueue_args(new) do
+    case Native.enqueue_args(new) do
+      {:ok, args} -> {:ok, args}
+      {:error, e} -> {:error, Error.from_native(e)}
+    end
+  end
+
+  # Argument names are the NIF's, values only ever placeholders.
+  defp enqueue_statement(schema, args) do
+    arguments =
+      args
+      |> Enum.with_index(1)
+      |> Enum.map_join(", ", fn {{name, _}, i} -> enqueue_argument(name, i) end)
+
+    ~s|SELECT "#{schema}".enqueue(#{arguments})|
+  end
+
+  defp enqueue_argument("state", i), do: "state => $#{i}::text::jsonb"
+  defp enqueue_argument("priority", i), do: "priority => $#{i}::integer"
+  defp enqueue_argument("max_attempts", i), do: "max_attempts => $#{i}::integer"
+  defp enqueue_argument("scheduled_at", i), do: "scheduled_at => $#{i}::text::timestamptz"
+
+  defp enqueue_argument("schedule_in", i),
+    do: "scheduled_at => now() + $#{i}::bigint * interval '1 millisecond'"
+
+  defp enqueue_argument(name, i), do: "#{name} => $#{i}"
 
   # A module must use GenDurable; a name is passed on as it is.
   defp workflow(wf) when is_atom(wf) and wf not in [nil, true, false] do

@@ -24,6 +24,7 @@ defmodule GenDurable.Native do
   def step_reply_dirty(_handle, _result), do: nif()
   def step_exited(_handle, _pid, _reason), do: nif()
   def insert_many(_engine, _news, _ref), do: nif()
+  def enqueue_args(_new), do: nif()
   def get(_engine, _id, _ref), do: nif()
   def instance_term(_instance), do: nif()
   def signal(_engine, _name, _payload, _ref), do: nif()

@@ -66,6 +66,31 @@ defmodule GenDurable.TestHelper do
     String.split(out, "\n", trim: true)
   end
 
+  @doc """
+  Runs a statement with parameters, as a driver would, in a transaction
+  that ends with `finish` ("COMMIT" or "ROLLBACK"): `PREPARE` then
+  `EXECUTE` with the parameters as literals (quoted here, for the test
+  only). Returns `{:ok, rows}` or `{:error, output}` (with the SQLSTATE).
+  """
+  def sql_params(statement, params, finish \\ "COMMIT") do
+    literals = Enum.map_join(params, ", ", &literal/1)
+
+    {out, status} =
+      System.cmd(
+        "psql",
+        [url(), "-X", "-A", "-t", "-q", "-v", "ON_ERROR_STOP=1", "-v", "VERBOSITY=verbose"] ++
+          ["-c", "BEGIN", "-c", "PREPARE q AS " <> statement] ++
+          ["-c", "EXECUTE q(#{literals})", "-c", finish],
+        stderr_to_stdout: true
+      )
+
+    rows = String.split(out, "\n", trim: true)
+    if status == 0, do: {:ok, rows}, else: {:error, out}
+  end
+
+  defp literal(n) when is_integer(n), do: Integer.to_string(n)
+  defp literal(s) when is_binary(s), do: "'" <> String.replace(s, "'", "''") <> "'"
+
   @doc "Waits for a condition that has no event (e.g. an outcome written)."
   def eventually(fun, timeout \\ 30_000) do
     deadline = System.monotonic_time(:millisecond) + timeout

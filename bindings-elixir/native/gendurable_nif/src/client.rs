@@ -233,3 +233,95 @@ fn cancel<'a>(
     });
     atoms::ok().encode(env)
 }
+
+/// The arguments of `<schema>.enqueue(...)` for an insert given like
+/// `insert_many/3`'s (a map of the core's insert options), read and typed
+/// by the core (`InsertOptions`): `{:ok, [{name, value}]}` in the function's
+/// order, only the options given, the state as JSON text and `scheduled_at`
+/// as RFC 3339 (`schedule_in` stays milliseconds). The values are checked by
+/// the function, in the caller's transaction, with the client's messages;
+/// only what PostgreSQL could not take as a value is refused here (a NUL
+/// character, which text and jsonb cannot hold), with the same messages. A
+/// state converts on a dirty CPU scheduler.
+#[rustler::nif(schedule = "DirtyCpu")]
+fn enqueue_args<'a>(env: Env<'a>, term: Term<'a>) -> Term<'a> {
+    match enqueue_args_of(term) {
+        Ok(args) => {
+            let args: Vec<(&str, Term)> = args
+                .into_iter()
+                .map(|(name, v)| {
+                    let v = match v {
+                        Arg::Text(s) => s.encode(env),
+                        Arg::Int(n) => n.encode(env),
+                        Arg::Millis(ms) => ms.encode(env),
+                    };
+                    (name, v)
+                })
+                .collect();
+            (atoms::ok(), args).encode(env)
+        }
+        Err(e) => core_error_term(env, &e, ""),
+    }
+}
+
+enum Arg {
+    Text(String),
+    Int(i64),
+    Millis(u64),
+}
+
+fn enqueue_args_of(term: Term) -> gendurable::Result<Vec<(&'static str, Arg)>> {
+    use gendurable::validate;
+    let json = options_to_json(term, 1).map_err(|(path, e)| {
+        let field = path.first().map_or("options", String::as_str);
+        InsertOptions::error_at(field, &format!("not JSON: {e}"))
+    })?;
+    let o = InsertOptions::from_json(json)?;
+    // A NUL is the one thing a check in SQL never sees: the value is
+    // refused when it is bound or cast. The core's checks word it.
+    let name = |field: &'static str, s: String| -> gendurable::Result<Arg> {
+        if s.contains('\0') {
+            validate::name(field, &s)?;
+        }
+        Ok(Arg::Text(s))
+    };
+    let key = |field: &'static str, s: String| -> gendurable::Result<Arg> {
+        if s.contains('\0') {
+            validate::key(field, &s)?;
+        }
+        Ok(Arg::Text(s))
+    };
+    validate::payload("state", &o.state)?;
+    let state = serde_json::to_string(&o.state)
+        .map_err(|e| InsertOptions::error_at("state", &format!("not JSON: {e}")))?;
+    let mut args = vec![
+        ("workflow", name("workflow", o.workflow)?),
+        ("state", Arg::Text(state)),
+    ];
+    if let Some(s) = o.step {
+        args.push(("step", name("step", s)?));
+    }
+    if let Some(s) = o.queue {
+        args.push(("queue", name("queue", s)?));
+    }
+    if let Some(p) = o.priority {
+        args.push(("priority", Arg::Int(p.into())));
+    }
+    if let Some(k) = o.concurrency_key {
+        args.push(("concurrency_key", key("concurrency_key", k)?));
+    }
+    if let Some(k) = o.rate_limit {
+        args.push(("rate_limit", key("rate_limit", k)?));
+    }
+    if let Some(n) = o.max_attempts {
+        args.push(("max_attempts", Arg::Int(n.into())));
+    }
+    if let Some(at) = o.scheduled_at {
+        let at = at.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true);
+        args.push(("scheduled_at", Arg::Text(at)));
+    }
+    if let Some(ms) = o.schedule_in {
+        args.push(("schedule_in", Arg::Millis(ms)));
+    }
+    Ok(args)
+}
