@@ -216,3 +216,62 @@ def test_the_wrong_kind_of_connection_is_a_type_error():
         gendurable.enqueue(AsyncpgLike(), "W")
     with pytest.raises(TypeError):
         gendurable.enqueue(object(), "W")
+
+
+@gendurable.workflow(
+    "Orders.Ship",
+    queue="bulk",
+    priority=3,
+    max_attempts=4,
+    backoff=(1, 60),
+    rate_limits={"start": "carrier:ups", "label": "printer:a"},
+)
+class Ship:
+    def start(self, state, ctx):
+        return gendurable.Done(state)
+
+    def label(self, state, ctx):
+        return gendurable.Done(state)
+
+
+def test_enqueue_sql_applies_a_decorated_workflows_declarations():
+    sql, params = gendurable.enqueue_sql(Ship, {"a": 1})
+    assert sql == (
+        'SELECT "gendurable".enqueue(workflow => %s::text, state => %s::jsonb,'
+        " queue => %s::text, priority => %s::integer, rate_limit => %s::text,"
+        " max_attempts => %s::integer) AS id"
+    )
+    assert params == ("Orders.Ship", '{"a":1}', "bulk", 3, "carrier:ups", 4)
+    assert "backoff" not in sql
+
+    # An option given wins; the rate limit is the one declared for the step given.
+    sql, params = gendurable.enqueue_sql(
+        Ship, step="label", queue="q", priority=0, max_attempts=9, paramstyle="numeric"
+    )
+    assert params == ("Orders.Ship", "label", "q", 0, "printer:a", 9)
+    _, params = gendurable.enqueue_sql(Ship, rate_limit="api:x")
+    assert params == ("Orders.Ship", "bulk", 3, "api:x", 4)
+
+    # By name: none of the workflow's declarations.
+    sql, params = gendurable.enqueue_sql("Orders.Ship", {"a": 1})
+    assert sql == 'SELECT "gendurable".enqueue(workflow => %s::text, state => %s::jsonb) AS id'
+    assert params == ("Orders.Ship", '{"a":1}')
+
+
+def test_psycopg_stores_a_decorated_workflows_declarations(make_engine, database_url, schema):
+    engine = make_engine()
+    engine.migrate()
+    with psycopg.connect(database_url) as conn, conn.transaction():
+        declared = gendurable.enqueue(conn, Ship, {"a": 1}, schema=schema)
+        given = gendurable.enqueue(
+            conn, Ship, queue="q", priority=7, max_attempts=2, rate_limit="api:x", schema=schema
+        )
+        named = gendurable.enqueue(conn, "Orders.Ship", schema=schema)
+
+    def row(id_):
+        i = engine.get(id_)
+        return (i.queue, i.priority, i.max_attempts, i.rate_limit)
+
+    assert row(declared) == ("bulk", 3, 4, "carrier:ups")
+    assert row(given) == ("q", 7, 2, "api:x")
+    assert row(named) == ("default", 0, 20, None)

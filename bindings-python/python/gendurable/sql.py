@@ -18,7 +18,7 @@ import re
 from collections.abc import Mapping
 from typing import Any, Optional, Union
 
-from .engine import _str, _workflow_name
+from .engine import _MARK, _str, _Workflow, _workflow_name
 from .errors import InvalidConfig, InvalidInput
 from .transitions import ConcurrencyKey, key_str
 
@@ -74,9 +74,15 @@ def enqueue_sql(
 
     Python checks only the types; the database checks the values, like an
     insert through :meth:`Engine.insert`, and refuses bad ones when the
-    statement runs (SQLSTATE 22023, the engine's message). Per-workflow
-    defaults and declared step rate limits do not apply here (they live in
-    the nodes' configuration; see docs/operations.md).
+    statement runs (SQLSTATE 22023, the engine's message).
+
+    A decorated workflow's declarations apply as in an insert through an
+    engine: its defaults (``queue``, ``priority``, ``max_attempts`` given to
+    :func:`gendurable.workflow`) fill the options not given, and the rate
+    limit it declares for the first step (``step``, default ``"start"``)
+    applies unless ``rate_limit`` is given (its ``backoff`` is not part of
+    an insert). A workflow given by its name gets none of these, nor do the
+    engines' options (see docs/operations.md).
     """
     if not (isinstance(schema, str) and _SCHEMA.fullmatch(schema)):
         raise InvalidConfig(
@@ -90,7 +96,20 @@ def enqueue_sql(
     else:
         raise InvalidConfig(f'paramstyle must be "format" or "numeric", got {paramstyle!r}')
 
-    values: dict[str, Any] = {"workflow": _str("workflow", _workflow_name(workflow))}
+    name = _str("workflow", _workflow_name(workflow))
+    if not isinstance(workflow, str):
+        defaults, rate_limits = _declared(name, workflow)
+        if queue is None:
+            queue = defaults.get("queue")
+        if priority is None:
+            priority = defaults.get("priority")
+        if max_attempts is None:
+            max_attempts = defaults.get("max_attempts")
+        first = "start" if step is None else step
+        if rate_limit is None and isinstance(first, str):
+            rate_limit = rate_limits.get(first)
+
+    values: dict[str, Any] = {"workflow": name}
     if state is not None:
         values["state"] = _json("state", state)
     if step is not None:
@@ -139,9 +158,10 @@ def enqueue(
     psycopg, a ``psycopg.errors.InvalidParameterValue``: ``sqlstate`` is
     ``"22023"`` and the message the engine's, e.g. ``invalid priority: must
     be 0 to 9, got 12``); it aborts the transaction like any failed
-    statement. Per-workflow defaults (``queue``, ``priority``,
-    ``max_attempts`` given to :func:`gendurable.workflow`) and declared step
-    rate limits do not apply: they live in the nodes' configuration (see
+    statement. A decorated workflow's defaults (``queue``, ``priority``,
+    ``max_attempts`` given to :func:`gendurable.workflow`) and the rate limit
+    it declares for the first step fill the options not given, as in
+    :func:`enqueue_sql`; a workflow given by its name gets none of these (see
     "Enqueue in the application's own transaction" in docs/operations.md).
     For asyncio use :func:`enqueue_async`.
     """
@@ -166,8 +186,8 @@ async def enqueue_async(
 
     Input the database refuses raises the driver's own exception (with
     asyncpg, an ``asyncpg.exceptions.InvalidParameterValueError``:
-    ``sqlstate`` is ``"22023"``). Per-workflow defaults and declared step
-    rate limits do not apply (see :func:`enqueue`)::
+    ``sqlstate`` is ``"22023"``). A decorated workflow's defaults and
+    first step's rate limit apply, a name's do not (see :func:`enqueue`)::
 
         async with conn.transaction():
             await conn.execute("INSERT INTO orders ...", ...)
@@ -181,6 +201,17 @@ async def enqueue_async(
         cur = await conn.execute(sql, params)
         return _id(await cur.fetchone())
     raise TypeError(f"not an asyncpg connection or a psycopg async connection: {conn!r}")
+
+
+def _declared(name: str, workflow: Any) -> tuple[dict[str, Any], dict[str, str]]:
+    """The defaults and step rate limits a decorated workflow declares,
+    gathered from its marks as its registration gathers them."""
+    w = _Workflow(name)
+    for mark_name, _step, rate_limits, defaults in getattr(workflow, _MARK, ()):
+        if mark_name == name:
+            w.add_rate_limits(rate_limits)
+            w.add_defaults(defaults)
+    return w.defaults, w.rate_limits
 
 
 def _id(row: Any) -> int:
