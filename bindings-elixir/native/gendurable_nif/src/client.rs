@@ -6,10 +6,10 @@
 use crate::atoms;
 use crate::convert::{json_to_term, options_to_json, term_to_json};
 use crate::engine::{spawn_call, EngineRes};
-use crate::errors::{core_error, core_error_term, input_error};
+use crate::errors::{core_error, core_error_term, input_error, internal_error};
 use crate::runtime::{lock, ok_reply, reply};
 use gendurable::options::InsertOptions;
-use gendurable::{Cancelled, Instance, NewInstance};
+use gendurable::{Cancelled, Instance, NewInstance, Status};
 use rustler::{Atom, Encoder, Env, ResourceArc, Term};
 use std::sync::Mutex;
 
@@ -63,15 +63,26 @@ pub struct InstanceRes {
 #[rustler::resource_impl]
 impl rustler::Resource for InstanceRes {}
 
+/// A status as its atom, the name the core stores it under.
+fn status_atom(s: Status) -> Atom {
+    match s {
+        Status::Scheduled => atoms::scheduled(),
+        Status::Available => atoms::available(),
+        Status::Executing => atoms::executing(),
+        Status::Awaiting => atoms::awaiting(),
+        Status::Completed => atoms::completed(),
+        Status::Cancelled => atoms::cancelled(),
+        Status::Discarded => atoms::discarded(),
+    }
+}
+
 fn instance_to_term<'a>(env: Env<'a>, i: &Instance) -> Term<'a> {
     let us = |t: &chrono::DateTime<chrono::Utc>| t.timestamp_micros();
     let errors: Vec<Term> = i.errors.iter().map(|e| json_to_term(env, e)).collect();
     let pairs: Vec<(Term, Term)> = vec![
         (
             atoms::struct_().encode(env),
-            Atom::from_str(env, "Elixir.GenDurable.Instance")
-                .unwrap()
-                .encode(env),
+            atoms::instance_struct().encode(env),
         ),
         (atoms::id().encode(env), i.id.encode(env)),
         (atoms::workflow().encode(env), i.workflow.encode(env)),
@@ -81,7 +92,7 @@ fn instance_to_term<'a>(env: Env<'a>, i: &Instance) -> Term<'a> {
         (atoms::priority().encode(env), i.priority.encode(env)),
         (
             atoms::status().encode(env),
-            Atom::from_str(env, i.status.as_str()).unwrap().encode(env),
+            status_atom(i.status).encode(env),
         ),
         (
             atoms::concurrency_key().encode(env),
@@ -124,7 +135,9 @@ fn instance_to_term<'a>(env: Env<'a>, i: &Instance) -> Term<'a> {
             i.finished_at.as_ref().map(us).encode(env),
         ),
     ];
-    Term::map_from_pairs(env, &pairs).unwrap()
+    // Fails only on a duplicate key, and the keys above are distinct.
+    Term::map_from_pairs(env, &pairs)
+        .unwrap_or_else(|_| internal_error(env, "cannot build the instance's map".into()))
 }
 
 /// Reads an instance. Replies `{:ok, instance}`, a resource that
@@ -220,11 +233,9 @@ fn cancel<'a>(
                 let v = match c {
                     Cancelled::Now => atoms::now().encode(env),
                     Cancelled::AtOutcome => atoms::at_outcome().encode(env),
-                    Cancelled::AlreadyFinished(s) => (
-                        atoms::already_finished(),
-                        Atom::from_str(env, s.as_str()).unwrap(),
-                    )
-                        .encode(env),
+                    Cancelled::AlreadyFinished(s) => {
+                        (atoms::already_finished(), status_atom(s)).encode(env)
+                    }
                 };
                 (atoms::ok(), v).encode(env)
             }),

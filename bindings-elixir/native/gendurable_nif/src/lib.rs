@@ -80,6 +80,8 @@ mod atoms {
         embedded,
         internal,
         struct_ = "__struct__",
+        instance_struct = "Elixir.GenDurable.Instance",
+        context_struct = "Elixir.GenDurable.Context",
         id,
         workflow,
         queue,
@@ -101,6 +103,13 @@ mod atoms {
         scheduled_at,
         attempted_at,
         finished_at,
+        scheduled,
+        available,
+        executing,
+        awaiting,
+        completed,
+        cancelled,
+        discarded,
     }
 }
 

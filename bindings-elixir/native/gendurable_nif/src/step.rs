@@ -24,13 +24,14 @@
 use crate::atoms;
 use crate::convert::{json_is_small, json_to_term, term_is_small, term_to_json};
 use crate::engine::EngineRes;
+use crate::errors::internal_error;
 use crate::runtime::{lock, runtime};
 use gendurable::{
     AwaitOn, ConcurrencyKey, KeyChange, NextOptions, StepContext, StepResult, Transition, Wake,
     Workflow,
 };
 use rustler::types::tuple::get_tuple;
-use rustler::{Atom, Encoder, Env, LocalPid, Monitor, OwnedEnv, ResourceArc, Term};
+use rustler::{Atom, Encoder, Env, LocalPid, Monitor, NifResult, OwnedEnv, ResourceArc, Term};
 use serde_json::Value;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -367,12 +368,18 @@ fn begin<'a>(env: Env<'a>, handle: &ResourceArc<StepRes>, small_only: bool) -> T
     let module = Atom::from_str(env, &data.module)
         .map(|a| a.encode(env))
         .unwrap_or_else(|_| data.module.encode(env));
+    // The step is claimed by now: should this fail, the caller does not
+    // match the error, dies, and the monitor answers the step.
+    let ctx = match context_term(env, &data.ctx) {
+        Ok(ctx) => ctx,
+        Err(_) => return internal_error(env, "cannot build the step's context".into()),
+    };
     (
         atoms::ok(),
         module,
         data.step.as_str(),
         json_to_term(env, &data.state),
-        context_term(env, &data.ctx),
+        ctx,
     )
         .encode(env)
 }
@@ -440,7 +447,9 @@ fn step_exited(handle: ResourceArc<StepRes>, pid: Option<LocalPid>, reason: Stri
 // ---------------------------------------------------------------------------
 // Terms
 
-fn context_term<'a>(env: Env<'a>, ctx: &StepContext) -> Term<'a> {
+/// `%GenDurable.Context{}`. Building the map fails only on a duplicate
+/// key, and the keys are distinct.
+fn context_term<'a>(env: Env<'a>, ctx: &StepContext) -> NifResult<Term<'a>> {
     let wake = match &ctx.wake {
         None => atoms::nil().encode(env),
         Some(Wake::Timeout) => atoms::timeout().encode(env),
@@ -460,9 +469,7 @@ fn context_term<'a>(env: Env<'a>, ctx: &StepContext) -> Term<'a> {
         atoms::wake().encode(env),
     ];
     let values = [
-        Atom::from_str(env, "Elixir.GenDurable.Context")
-            .unwrap()
-            .encode(env),
+        atoms::context_struct().encode(env),
         ctx.id.encode(env),
         ctx.workflow.encode(env),
         ctx.queue.encode(env),
@@ -472,7 +479,7 @@ fn context_term<'a>(env: Env<'a>, ctx: &StepContext) -> Term<'a> {
         ctx.rate_limit.encode(env),
         wake,
     ];
-    Term::map_from_term_arrays(env, &keys, &values).unwrap()
+    Term::map_from_term_arrays(env, &keys, &values)
 }
 
 fn ms(v: Option<u64>) -> Option<Duration> {
