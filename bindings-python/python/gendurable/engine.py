@@ -102,16 +102,17 @@ def _defaults(
     """A workflow's defaults as the core's ``workflow_defaults`` entry
     (gendurable::options::WorkflowDefaultsOptions): those given, backoff in
     milliseconds. The core checks the values."""
-    d: dict[str, Any] = {}
-    if queue is not None:
-        d["queue"] = queue
-    if priority is not None:
-        d["priority"] = priority
-    if max_attempts is not None:
-        d["max_attempts"] = max_attempts
-    if backoff is not None:
-        d["backoff"] = _backoff(backoff, f"workflow {name!r}: backoff")
-    return d
+    return _given(
+        queue=queue,
+        priority=priority,
+        max_attempts=max_attempts,
+        backoff=None if backoff is None else _backoff(backoff, f"workflow {name!r}: backoff"),
+    )
+
+
+def _given(**options: Any) -> dict[str, Any]:
+    """The options that are set: the core takes its defaults for the rest."""
+    return {k: v for k, v in options.items() if v is not None}
 
 
 def _str(field: str, v: Any) -> str:
@@ -300,26 +301,18 @@ class NewInstance:
     ) -> None:
         # The core's insert options (gendurable::options::InsertOptions);
         # those left out (None) are not passed.
-        d = {
-            "workflow": _workflow_name(workflow),
-            "state": {} if state is None else state,
-            "step": step,
-        }
-        if queue is not None:
-            d["queue"] = queue
-        if priority is not None:
-            d["priority"] = priority
-        if max_attempts is not None:
-            d["max_attempts"] = max_attempts
-        if concurrency_key is not None:
-            d["concurrency_key"] = key_str(concurrency_key)
-        if rate_limit is not None:
-            d["rate_limit"] = rate_limit
-        if schedule_in is not None:
-            d["schedule_in"] = _millis(schedule_in)
-        if scheduled_at is not None:
-            d["scheduled_at"] = _rfc3339(scheduled_at)
-        self._d = d
+        self._d = _given(
+            workflow=_workflow_name(workflow),
+            state={} if state is None else state,
+            step=step,
+            queue=queue,
+            priority=priority,
+            max_attempts=max_attempts,
+            concurrency_key=None if concurrency_key is None else key_str(concurrency_key),
+            rate_limit=rate_limit,
+            schedule_in=None if schedule_in is None else _millis(schedule_in),
+            scheduled_at=None if scheduled_at is None else _rfc3339(scheduled_at),
+        )
 
     def __repr__(self) -> str:
         return f"NewInstance({self._d['workflow']!r}, {self._d['state']!r})"
