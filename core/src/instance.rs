@@ -200,18 +200,19 @@ impl NewInstance {
     }
 
     /// Queue, priority and attempts: as set, else the workflow's defaults
-    /// (`defaults`), else the engine's.
-    pub(crate) fn resolve(&self, defaults: Option<&WorkflowDefaults>) -> (String, i16, i32) {
-        let d = defaults.cloned().unwrap_or_default();
+    /// (`defaults`), else the engine's. Takes the queue out of `self`.
+    pub(crate) fn resolve(&mut self, defaults: Option<&WorkflowDefaults>) -> (String, i16, i32) {
+        let queue = self.queue.take().unwrap_or_else(|| {
+            defaults
+                .and_then(|d| d.queue.clone())
+                .unwrap_or_else(|| DEFAULT_QUEUE.to_owned())
+        });
+        let priority = self.priority.or(defaults.and_then(|d| d.priority));
+        let attempts = self.max_attempts.or(defaults.and_then(|d| d.max_attempts));
         (
-            self.queue
-                .clone()
-                .or(d.queue)
-                .unwrap_or_else(|| DEFAULT_QUEUE.to_owned()),
-            self.priority.or(d.priority).unwrap_or(0),
-            self.max_attempts
-                .or(d.max_attempts)
-                .unwrap_or(DEFAULT_MAX_ATTEMPTS),
+            queue,
+            priority.unwrap_or(0),
+            attempts.unwrap_or(DEFAULT_MAX_ATTEMPTS),
         )
     }
 

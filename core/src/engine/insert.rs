@@ -51,7 +51,7 @@ impl Rows {
             delay: Vec::with_capacity(n),
             at: Vec::with_capacity(n),
         };
-        for (i, new) in news.into_iter().enumerate() {
+        for (i, mut new) in news.into_iter().enumerate() {
             new.validate().map_err(|e| at_index(e, i, n))?;
             let declared = match &new.rate_limit {
                 Some(k) => Some(k.clone()),
