@@ -70,11 +70,11 @@ pub(super) async fn maintain(sh: Arc<Shared>) {
             Ok((_, next)) => parked_after = next,
             Err(e) => tracing::debug!(error = %e, "unparking failed"),
         }
-        // With rate limits configured, the rate waker does this.
-        if cfg.rates.is_empty() {
-            if let Err(e) = unpark_rates(&sh).await {
-                tracing::debug!(error = %e, "unparking rate-limited rows failed");
-            }
+        // Rate-limited rows too, every tick: the rate waker times the next
+        // start, and this pass covers what it sleeps through (a limit another
+        // node's claims used, a node without a waker).
+        if let Err(e) = unpark_rates(&sh).await {
+            tracing::debug!(error = %e, "unparking rate-limited rows failed");
         }
         if sh.check_lost.swap(false, SeqCst) {
             if let Err(e) = give_back_lost(&sh).await {

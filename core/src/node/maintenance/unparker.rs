@@ -1,5 +1,5 @@
 //! The unparker: parked rows whose key has room (a race, a rescue, a
-//! repaired gate), rate-limited rows on a node without a rate waker, and
+//! repaired gate), rate-limited rows their limits allow again, and
 //! rows of workflows no live node runs parked and taken back.
 
 use super::{ORPHAN_BATCH, ORPHAN_PASSES, UNPARK_BATCH, UNPARK_WORKFLOW_BATCH};
@@ -21,9 +21,8 @@ pub(super) async fn unpark_keys(sh: &Shared, after: Option<&str>) -> Result<(u64
     Ok((n, next))
 }
 
-/// Rate-limited rows, as far as their limits allow starts now, on a node
-/// without a rate waker (no rate limit configured: rows parked under a name
-/// no longer configured go back). One bounded pass from the first key.
+/// Rate-limited rows, as far as their limits allow starts now (a name no
+/// longer configured: all of them). One bounded pass from the first key.
 pub(super) async fn unpark_rates(sh: &Shared) -> Result<u64> {
     let ctx = &sh.ctx;
     let (n, _, _) = ctx
