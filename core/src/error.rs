@@ -27,6 +27,11 @@ pub enum Error {
     /// The database refused or failed a statement, or the connection broke.
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
+    /// Concurrent writers kept a call from finishing (a unique insert whose
+    /// conflicting instances kept finishing under it); nothing was written.
+    /// Retrying succeeds.
+    #[error("contended: {0}")]
+    Contended(String),
     /// Running the schema migrations failed.
     #[error("migration failed: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
@@ -48,6 +53,7 @@ impl Error {
     pub fn is_transient(&self) -> bool {
         match self {
             Error::Database(e) => is_transient(e),
+            Error::Contended(_) => true,
             _ => false,
         }
     }

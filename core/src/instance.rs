@@ -2,6 +2,7 @@
 
 use crate::error::Result;
 use crate::transition::ConcurrencyKey;
+use crate::unique::{self, Unique};
 use crate::validate;
 use crate::workflow::WorkflowDefaults;
 use chrono::{DateTime, Utc};
@@ -47,6 +48,13 @@ impl Status {
             self,
             Status::Completed | Status::Cancelled | Status::Discarded
         )
+    }
+
+    /// The status named `name`, as stored.
+    pub fn from_name(name: &str) -> Option<Status> {
+        crate::unique::ALL_STATUSES
+            .into_iter()
+            .find(|s| s.as_str() == name)
     }
 
     pub(crate) fn parse(s: &str) -> Status {
@@ -118,6 +126,8 @@ pub struct NewInstance {
     pub(crate) rate_limit: Option<String>,
     pub(crate) schedule: Schedule,
     pub(crate) max_attempts: Option<i32>,
+    pub(crate) unique: Option<Unique>,
+    pub(crate) idempotency_key: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -147,6 +157,8 @@ impl NewInstance {
             rate_limit: None,
             schedule: Schedule::Now,
             max_attempts: None,
+            unique: None,
+            idempotency_key: None,
         }
     }
 
@@ -199,6 +211,31 @@ impl NewInstance {
         self
     }
 
+    /// Insert nothing if an instance with the same identity exists (see
+    /// [`Unique`]); the insert reports that instance's id.
+    pub fn unique(mut self, unique: Unique) -> Self {
+        self.unique = Some(unique);
+        self
+    }
+
+    /// At most one instance with this key (1 to 1024 bytes, across
+    /// workflows) in the statuses of [`NewInstance::unique`], by default
+    /// [`crate::unique::DEFAULT_STATUSES`]; a repeated insert reports the
+    /// instance that holds it.
+    pub fn idempotency_key(mut self, key: impl Into<String>) -> Self {
+        self.idempotency_key = Some(key.into());
+        self
+    }
+
+    /// What the SQL function `unique_key` reads, for a unique insert.
+    pub(crate) fn unique_spec(&self) -> Option<Value> {
+        if self.unique.is_none() && self.idempotency_key.is_none() {
+            return None;
+        }
+        let unique = self.unique.clone().unwrap_or_default();
+        Some(unique.spec(self.idempotency_key.as_deref()))
+    }
+
     /// Queue, priority and attempts: as set, else the workflow's defaults
     /// (`defaults`), else the engine's. Takes the queue out of `self`.
     pub(crate) fn resolve(&mut self, defaults: Option<&WorkflowDefaults>) -> (String, i16, i32) {
@@ -234,6 +271,12 @@ impl NewInstance {
         }
         if let Some(k) = &self.rate_limit {
             validate::key("rate_limit", k)?;
+        }
+        if let Some(u) = &self.unique {
+            u.validate()?;
+        }
+        if let Some(k) = &self.idempotency_key {
+            unique::validate_key(k)?;
         }
         Ok(())
     }

@@ -79,6 +79,7 @@ mod outcome;
 mod stats;
 mod store;
 mod transition;
+pub mod unique;
 pub mod validate;
 mod workflow;
 
@@ -94,7 +95,8 @@ pub use gendurable_bulkhead as bulkhead;
 pub use instance::{
     Instance, NewInstance, Status, DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, DEFAULT_STEP,
 };
-pub use options::{EngineOptions, InsertOptions};
+pub use options::{EngineOptions, InsertOptions, UniqueOptions, UniqueStates};
 pub use stats::{Latencies, Stats, StatsSnapshot};
 pub use transition::{AwaitOn, ConcurrencyKey, KeyChange, NextOptions, Transition, Wake};
+pub use unique::{Inserted, Unique};
 pub use workflow::{BoxError, FnWorkflow, StepContext, StepResult, Workflow, WorkflowDefaults};

@@ -24,6 +24,8 @@
 //! Durations are integer milliseconds. `null` is the same as leaving an
 //! option out.
 
+use crate::instance::Status;
+use crate::unique::{Unique, ACTIVE_STATUSES, ALL_STATUSES};
 use crate::{EngineBuilder, Error, GateConfig, NewInstance, RateConfig, Result, WorkflowDefaults};
 use chrono::{DateTime, Utc};
 use serde::de::DeserializeOwned;
@@ -297,6 +299,76 @@ pub struct InsertOptions {
     pub scheduled_at: Option<DateTime<Utc>>,
     #[serde(default, deserialize_with = "de::opt_max_attempts")]
     pub max_attempts: Option<i32>,
+    /// Insert nothing if an instance with the same identity exists; `{}` for
+    /// the defaults (see [`crate::Unique`]).
+    #[serde(default, deserialize_with = "de::opt_struct")]
+    pub unique: Option<UniqueOptions>,
+    /// At most one instance with this key (see [`NewInstance::idempotency_key`]).
+    pub idempotency_key: Option<String>,
+}
+
+/// A unique insert: `{"fields": ["account"], "period": 3600000, "states":
+/// "active"}`, each optional (see [`crate::Unique`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UniqueOptions {
+    /// The state's top-level fields that make the identity (default: all of it).
+    #[serde(default)]
+    pub fields: Option<Vec<String>>,
+    /// Milliseconds: duplicates are refused within windows this long.
+    #[serde(default, deserialize_with = "de::opt_millis")]
+    pub period: Option<u64>,
+    /// `"active"`, `"all"` or a list of statuses (default: the active ones
+    /// and `completed`).
+    #[serde(default, deserialize_with = "de::opt_statuses")]
+    pub states: Option<UniqueStates>,
+}
+
+/// The statuses in which an instance refuses a duplicate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UniqueStates {
+    /// Until it is final ([`crate::unique::ACTIVE_STATUSES`]).
+    Active,
+    /// As long as it is kept ([`crate::unique::ALL_STATUSES`]).
+    All,
+    /// These.
+    List(Vec<Status>),
+}
+
+impl UniqueStates {
+    fn statuses(&self) -> Vec<Status> {
+        match self {
+            UniqueStates::Active => ACTIVE_STATUSES.to_vec(),
+            UniqueStates::All => ALL_STATUSES.to_vec(),
+            UniqueStates::List(l) => l.clone(),
+        }
+    }
+}
+
+impl Serialize for UniqueStates {
+    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        match self {
+            UniqueStates::Active => s.serialize_str("active"),
+            UniqueStates::All => s.serialize_str("all"),
+            UniqueStates::List(l) => s.collect_seq(l.iter().map(|st| st.as_str())),
+        }
+    }
+}
+
+impl From<UniqueOptions> for Unique {
+    fn from(o: UniqueOptions) -> Unique {
+        let mut u = Unique::new();
+        if let Some(fields) = o.fields {
+            u = u.fields(fields);
+        }
+        if let Some(ms) = o.period {
+            u = u.period(Duration::from_millis(ms));
+        }
+        if let Some(states) = o.states {
+            u = u.statuses(states.statuses());
+        }
+        u
+    }
 }
 
 fn empty_object() -> Value {
@@ -304,7 +376,7 @@ fn empty_object() -> Value {
 }
 
 /// The options that name an insert's fields in errors (see [`Error::InvalidInput`]).
-const INSERT_FIELDS: [&str; 10] = [
+const INSERT_FIELDS: [&str; 15] = [
     "workflow",
     "state",
     "step",
@@ -315,6 +387,11 @@ const INSERT_FIELDS: [&str; 10] = [
     "schedule_in",
     "scheduled_at",
     "max_attempts",
+    "unique",
+    "unique.fields",
+    "unique.period",
+    "unique.states",
+    "idempotency_key",
 ];
 
 fn insert_field(name: &str) -> Option<&'static str> {
@@ -386,6 +463,12 @@ impl From<InsertOptions> for NewInstance {
         if let Some(n) = o.max_attempts {
             new = new.max_attempts(n);
         }
+        if let Some(u) = o.unique {
+            new = new.unique(u.into());
+        }
+        if let Some(k) = o.idempotency_key {
+            new = new.idempotency_key(k);
+        }
         new
     }
 }
@@ -444,25 +527,22 @@ impl Located {
     /// An insert's field is the option named first in the path, or
     /// `options` for an option nobody knows (then named in the reason).
     fn insert_error(self) -> Error {
+        // The deepest field the path names ("unique.period" before
+        // "unique"), and what of the path is below it.
+        let (field, depth) = (1..=self.path.len().min(2))
+            .rev()
+            .find_map(|n| insert_field(&self.path[..n].join(".")).map(|f| (f, n)))
+            .unwrap_or(("options", 0));
         let detail = match self.problem {
             Problem::Unknown { name, known } => {
-                return input(
-                    "options",
-                    format!("unknown option {name:?} (known: {known})"),
-                )
+                return input(field, format!("unknown option {name:?} (known: {known})"))
             }
             Problem::Missing(name) => {
-                return input(insert_field(&name).unwrap_or("options"), "is required")
+                return input(insert_field(&name).unwrap_or(field), "is required")
             }
             Problem::Other(detail) => detail,
         };
-        let (field, rest) = match self.path.split_first() {
-            Some((first, rest)) => match insert_field(first) {
-                Some(field) => (field, rest),
-                None => ("options", &self.path[..]),
-            },
-            None => ("options", &self.path[..]),
-        };
+        let rest = &self.path[depth..];
         if rest.is_empty() {
             input(field, detail)
         } else {
@@ -599,8 +679,9 @@ fn shorten(s: &str) -> String {
 mod de {
     use super::{
         shorten, BackoffOptions, EngineOptions, GateOptions, InsertOptions, RateOptions, Retention,
-        WorkflowDefaultsOptions,
+        UniqueOptions, UniqueStates, WorkflowDefaultsOptions,
     };
+    use crate::instance::Status;
     use chrono::{DateTime, Utc};
     use serde::de::value::MapAccessDeserializer;
     use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
@@ -637,6 +718,11 @@ mod de {
 
     impl Described for InsertOptions {
         const WHAT: &'static str = "a map of insert options";
+    }
+
+    impl Described for UniqueOptions {
+        const WHAT: &'static str =
+            "a map with fields, period (milliseconds) and states, each optional";
     }
 
     /// A struct read from a map only: serde would also read one from a list,
@@ -914,6 +1000,56 @@ mod de {
         }))
     }
 
+    /// `"active"`, `"all"` or a list of status names.
+    pub(super) fn opt_statuses<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<UniqueStates>, D::Error> {
+        const WHAT: &str = "\"active\", \"all\" or a list of statuses";
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Name(String),
+            List(Vec<String>),
+            Other(serde_json::Value),
+        }
+        let Some(raw) = Option::<Raw>::deserialize(d)? else {
+            return Ok(None);
+        };
+        let status = |name: &str| {
+            Status::from_name(name).ok_or_else(|| {
+                de::Error::custom(format_args!(
+                    "{} is not a status (scheduled, available, executing, awaiting, completed, \
+                     cancelled, discarded)",
+                    shorten(&format!("{name:?}"))
+                ))
+            })
+        };
+        match raw {
+            Raw::Name(n) if n == "active" => Ok(Some(UniqueStates::Active)),
+            Raw::Name(n) if n == "all" => Ok(Some(UniqueStates::All)),
+            Raw::Name(n) => Err(wrong(WHAT, Got::Str(n))),
+            Raw::List(l) => l
+                .iter()
+                .map(|n| status(n))
+                .collect::<Result<Vec<_>, _>>()
+                .map(|l| Some(UniqueStates::List(l))),
+            Raw::Other(v) => Err(wrong(
+                WHAT,
+                match v {
+                    serde_json::Value::Null => Got::Null,
+                    serde_json::Value::Bool(b) => Got::Bool(b),
+                    serde_json::Value::Number(n) => n
+                        .as_i64()
+                        .map(|i| Got::Int(i.into()))
+                        .unwrap_or(Got::Float(n.as_f64().unwrap_or(f64::NAN))),
+                    serde_json::Value::String(s) => Got::Str(s),
+                    serde_json::Value::Array(_) => Got::List,
+                    serde_json::Value::Object(_) => Got::Map,
+                },
+            )),
+        }
+    }
+
     pub(super) fn opt_timestamp<'de, D: Deserializer<'de>>(
         d: D,
     ) -> Result<Option<DateTime<Utc>>, D::Error> {
@@ -1070,6 +1206,41 @@ mod tests {
                 "options",
                 r#"expected a map of insert options, got "W""#,
             ),
+            (
+                json!({"workflow": "W", "unique": {"period": -1}}),
+                "unique.period",
+                "expected a positive integer (milliseconds), got -1",
+            ),
+            (
+                json!({"workflow": "W", "unique": {"states": "done"}}),
+                "unique.states",
+                r#"expected "active", "all" or a list of statuses, got "done""#,
+            ),
+            (
+                json!({"workflow": "W", "unique": {"states": ["finished"]}}),
+                "unique.states",
+                r#""finished" is not a status (scheduled, available, executing, awaiting, completed, cancelled, discarded)"#,
+            ),
+            (
+                json!({"workflow": "W", "unique": {"fields": "account"}}),
+                "unique.fields",
+                r#"expected a list, got "account""#,
+            ),
+            (
+                json!({"workflow": "W", "unique": {"keys": ["account"]}}),
+                "unique",
+                r#"unknown option "keys" (known: fields, period, states)"#,
+            ),
+            (
+                json!({"workflow": "W", "unique": true}),
+                "unique",
+                "expected a map with fields, period (milliseconds) and states, each optional, got true",
+            ),
+            (
+                json!({"workflow": "W", "idempotency_key": 42}),
+                "idempotency_key",
+                "expected a string, got 42",
+            ),
         ];
         for (v, field, want) in cases {
             assert_eq!(insert_err(v), (field, want.to_owned()));
@@ -1217,6 +1388,9 @@ mod tests {
             "schedule_in": null,
             "scheduled_at": "2030-01-01T12:00:00.123456Z",
             "max_attempts": 5,
+            "unique": {"fields": ["id"], "period": 60000, "states": ["scheduled", "available",
+                       "executing", "awaiting", "cancelled"]},
+            "idempotency_key": "sync:7",
         });
         let o = InsertOptions::from_json(full.clone()).unwrap();
         assert_eq!(serde_json::to_value(&o).unwrap(), full);
@@ -1235,7 +1409,29 @@ mod tests {
         assert_eq!(new.max_attempts, Some(5));
         let at = DateTime::parse_from_rfc3339("2030-01-01T12:00:00.123456Z").unwrap();
         assert_eq!(new.schedule, Schedule::At(at.with_timezone(&Utc)));
+        assert_eq!(new.idempotency_key.as_deref(), Some("sync:7"));
+        assert_eq!(
+            new.unique,
+            Some(
+                Unique::new()
+                    .fields(["id"])
+                    .period(Duration::from_secs(60))
+                    .statuses([
+                        Status::Scheduled,
+                        Status::Available,
+                        Status::Executing,
+                        Status::Awaiting,
+                        Status::Cancelled
+                    ])
+            )
+        );
         new.validate().unwrap();
+        for (states, want) in [("active", &ACTIVE_STATUSES[..]), ("all", &ALL_STATUSES[..])] {
+            let new =
+                NewInstance::from_json(json!({"workflow": "W", "unique": {"states": states}}))
+                    .unwrap();
+            assert_eq!(new.unique.unwrap().statuses, want);
+        }
 
         let new = NewInstance::from_json(json!({"workflow": "W", "schedule_in": 1500})).unwrap();
         assert_eq!(new.schedule, Schedule::In(Duration::from_millis(1500)));

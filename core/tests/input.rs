@@ -279,14 +279,14 @@ async fn insert_inside_the_callers_transaction() {
     let engine = client(&schema).await;
     let mut tx = engine.pool().begin().await.unwrap();
     let ids = engine
-        .insert_many_in(&mut *tx, vec![NewInstance::new("W", json!({}))])
+        .insert_many_in(&mut tx, vec![NewInstance::new("W", json!({}))])
         .await
         .unwrap();
     tx.rollback().await.unwrap();
     assert!(matches!(engine.get(ids[0]).await, Err(Error::NotFound(_))));
     let mut tx = engine.pool().begin().await.unwrap();
     let ids = engine
-        .insert_many_in(&mut *tx, vec![NewInstance::new("W", json!({}))])
+        .insert_many_in(&mut tx, vec![NewInstance::new("W", json!({}))])
         .await
         .unwrap();
     tx.commit().await.unwrap();

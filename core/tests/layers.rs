@@ -24,6 +24,7 @@ const FOUNDATIONS: &[&str] = &[
     "outcome.rs",
     "stats.rs",
     "transition.rs",
+    "unique.rs",
     "validate.rs",
     "workflow.rs",
 ];

@@ -236,7 +236,7 @@ async fn inserts_start_at_once_on_an_idle_node() {
         .unwrap();
     let mut tx = engine.pool().begin().await.unwrap();
     let in_tx = engine
-        .insert_many_in(&mut *tx, vec![NewInstance::new("Job", json!({}))])
+        .insert_many_in(&mut tx, vec![NewInstance::new("Job", json!({}))])
         .await
         .unwrap();
     tx.commit().await.unwrap();

@@ -8,23 +8,45 @@
 -- within $19 seconds); else those beyond the room their key has (key_room,
 -- with the gate names and limits $14/$15); else those beyond the room their
 -- rate limit has (rate_room, with the rate limits $16/$17/$18).
+-- Unique rows ($20: a spec for unique_key, or null) are inserted unless an
+-- instance holds their identity or an earlier row of the batch has it; one
+-- that a concurrent insert took meanwhile is skipped by ON CONFLICT. Each row
+-- comes back in input order with its id (a conflict's holder, when this
+-- statement could see it) and whether it conflicted; the caller looks up the
+-- holders it could not see by `ukey`.
 WITH given AS (
     SELECT u.*, coalesce(u.at, now() + make_interval(secs => coalesce(u.delay, 0))) AS due,
-           NOT u.here AND u.at IS NULL AND coalesce(u.delay, 0) <= 0 AS due_now
+           NOT u.here AND u.at IS NULL AND coalesce(u.delay, 0) <= 0 AS due_now,
+           CASE WHEN u.uspec IS NOT NULL
+                THEN __S__.unique_key(u.workflow, u.state::jsonb, u.ckey, u.uspec::jsonb) END AS ukey
     FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::smallint[], $6::text[],
-                $7::text[], $8::integer[], $9::float8[], $10::timestamptz[], $12::boolean[])
+                $7::text[], $8::integer[], $9::float8[], $10::timestamptz[], $12::boolean[],
+                $20::text[])
          WITH ORDINALITY AS u(workflow, step, state, queue, priority, ckey, rkey, max_attempts,
-                              delay, at, here, ord)
+                              delay, at, here, uspec, ord)
+), held AS (
+    SELECT g.ord,
+           (SELECT e.id FROM __S__.instances e
+            WHERE e.unique_key = g.ukey AND e.status = ANY (e.unique_states)) AS holder,
+           row_number() OVER (PARTITION BY g.ukey ORDER BY g.ord) > 1 AS repeat
+    FROM given g WHERE g.ukey IS NOT NULL
+), todo AS (
+    -- Ids drawn in input order (the subquery sorts before nextval runs), so
+    -- that rows come back matched to their input.
+    SELECT t.*, nextval('__S__.instances_id_seq'::regclass) AS id
+    FROM (SELECT g.* FROM given g LEFT JOIN held h ON h.ord = g.ord
+          WHERE h.ord IS NULL OR (h.holder IS NULL AND NOT h.repeat)
+          ORDER BY g.ord) t
 ), pairs AS MATERIALIZED (
     -- Materialised: as a subquery, the planner pushes the orphaned() test
     -- below the DISTINCT and asks it once per row.
-    SELECT DISTINCT queue, workflow FROM given WHERE due_now
+    SELECT DISTINCT queue, workflow FROM todo WHERE due_now
 ), orphans AS (
     SELECT p.queue, p.workflow FROM pairs p WHERE __S__.orphaned(p.queue, p.workflow, $19)
 ), input AS (
     -- now_due: due now and waiting for the pick (not parked for its workflow).
     SELECT g.*, o.queue IS NOT NULL AS orphan, g.due_now AND o.queue IS NULL AS now_due
-    FROM given g LEFT JOIN orphans o ON o.queue = g.queue AND o.workflow = g.workflow AND g.due_now
+    FROM todo g LEFT JOIN orphans o ON o.queue = g.queue AND o.workflow = g.workflow AND g.due_now
 ), kroom AS (
     SELECT * FROM __S__.key_room(
         (SELECT array_agg(ckey) FROM input WHERE now_due AND ckey IS NOT NULL), $14, $15)
@@ -48,21 +70,32 @@ WITH given AS (
                 END AS parked
     FROM kranked k
 ), ins AS (
-    INSERT INTO __S__.instances (workflow, step, state, queue, priority, concurrency_key, rate_key,
+    INSERT INTO __S__.instances (id, workflow, step, state, queue, priority, concurrency_key, rate_key,
                                  max_attempts, status, scheduled_at, node, attempt, attempted_at, token,
-                                 parked)
-    SELECT r.workflow, r.step, r.state::jsonb, r.queue, r.priority, r.ckey, r.rkey, r.max_attempts,
+                                 parked, unique_key, unique_states)
+    SELECT r.id, r.workflow, r.step, r.state::jsonb, r.queue, r.priority, r.ckey, r.rkey, r.max_attempts,
            CASE WHEN r.here THEN 'executing' WHEN r.due > now() THEN 'scheduled' ELSE 'available' END,
            r.due,
            CASE WHEN r.here THEN $13 END,
            CASE WHEN r.here THEN 1 ELSE 0 END,
            CASE WHEN r.here THEN now() END,
            CASE WHEN r.here THEN 1 ELSE 0 END,
-           r.parked
+           r.parked,
+           r.ukey,
+           CASE WHEN r.ukey IS NOT NULL
+                THEN ARRAY(SELECT jsonb_array_elements_text(r.uspec::jsonb -> 'states')) END
     FROM ranked r
     ORDER BY r.ord
+    ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND status = ANY (unique_states) DO NOTHING
     RETURNING id, queue, status, CASE WHEN status = 'executing' THEN state END AS state
 ), notified AS (
     SELECT pg_notify($11, q) FROM (SELECT DISTINCT queue AS q FROM ins WHERE status = 'available') d
 )
-SELECT id, state, (SELECT count(*) FROM notified) AS notified FROM ins ORDER BY id
+SELECT coalesce(ins.id, h.holder) AS id, ins.id IS NULL AS conflict, ins.state,
+       CASE WHEN ins.id IS NULL THEN g.ukey END AS ukey,
+       (SELECT count(*) FROM notified) AS notified
+FROM given g
+LEFT JOIN todo t ON t.ord = g.ord
+LEFT JOIN ins ON ins.id = t.id
+LEFT JOIN held h ON h.ord = g.ord
+ORDER BY g.ord

@@ -7,10 +7,11 @@ use crate::instance::{NewInstance, Schedule};
 use crate::node::local;
 use crate::node::Shared;
 use crate::outcome::{check_rate_key, Claimed};
+use crate::unique::Inserted;
 use crate::validate;
 use chrono::{DateTime, Utc};
 use serde_json::Value;
-use sqlx::{PgPool, Postgres, Row};
+use sqlx::{PgConnection, PgPool, Row};
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fmt::Write;
 use std::sync::Arc;
@@ -32,6 +33,8 @@ pub(crate) struct Rows {
     max_attempts: Vec<i32>,
     delay: Vec<Option<f64>>,
     at: Vec<Option<DateTime<Utc>>>,
+    /// A unique row's spec for the SQL function `unique_key`.
+    unique: Vec<Option<String>>,
 }
 
 impl Rows {
@@ -50,6 +53,7 @@ impl Rows {
             max_attempts: Vec::with_capacity(n),
             delay: Vec::with_capacity(n),
             at: Vec::with_capacity(n),
+            unique: Vec::with_capacity(n),
         };
         for (i, mut new) in news.into_iter().enumerate() {
             new.validate().map_err(|e| at_index(e, i, n))?;
@@ -74,6 +78,7 @@ impl Rows {
             validate::state_size("state", text.len()).map_err(|e| at_index(e, i, n))?;
             let (queue, priority, max_attempts) =
                 new.resolve(ctx.cfg.workflow_defaults.get(&new.workflow));
+            r.unique.push(new.unique_spec().map(|s| s.to_string()));
             r.workflow.push(new.workflow);
             r.step.push(new.step);
             r.state.push(text);
@@ -96,23 +101,94 @@ impl Rows {
         self.delay[i].is_none() && self.at[i].is_none()
     }
 
-    /// Whether the batch is large and due now: then `copy` inserts it.
+    /// Whether the batch is large, due now and not unique: then `copy` inserts it.
     pub fn wants_copy(&self) -> bool {
-        self.len() >= COPY_FROM && (0..self.len()).all(|i| self.due_now(i))
+        self.len() >= COPY_FROM
+            && (0..self.len()).all(|i| self.due_now(i) && self.unique[i].is_none())
+    }
+
+    /// The rows at `idx`, in that order.
+    fn subset(&self, idx: &[usize]) -> Rows {
+        fn pick<T: Clone>(v: &[T], idx: &[usize]) -> Vec<T> {
+            idx.iter().map(|&i| v[i].clone()).collect()
+        }
+        Rows {
+            workflow: pick(&self.workflow, idx),
+            step: pick(&self.step, idx),
+            state: pick(&self.state, idx),
+            queue: pick(&self.queue, idx),
+            priority: pick(&self.priority, idx),
+            ckey: pick(&self.ckey, idx),
+            rkey: pick(&self.rkey, idx),
+            max_attempts: pick(&self.max_attempts, idx),
+            delay: pick(&self.delay, idx),
+            at: pick(&self.at, idx),
+            unique: pick(&self.unique, idx),
+        }
     }
 }
 
-/// Insert with one statement; `here` is this process's node, which may start
-/// rows at once (only for a statement that commits on its own).
-pub(crate) async fn insert<'c, E>(
+/// How often a unique row whose holder finished while it was being looked up
+/// is inserted again before the insert gives up.
+const UNIQUE_ROUNDS: usize = 5;
+
+/// Insert with one statement (see `insert`), then look up the holders of
+/// unique rows that conflicted with an insert the statement could not see.
+/// A holder may have left the unique index meanwhile (finished outside its
+/// statuses, or pruned): those rows are inserted again.
+pub(crate) async fn insert_unique(
     ctx: &Context,
-    executor: E,
+    conn: &mut PgConnection,
     rows: Rows,
     here: Option<&Arc<Shared>>,
-) -> Result<Vec<i64>>
-where
-    E: sqlx::Executor<'c, Database = Postgres>,
-{
+) -> Result<Vec<Inserted>> {
+    let (mut out, mut unseen) = insert(ctx, &mut *conn, &rows, here).await?;
+    let mut rounds = 0;
+    while !unseen.is_empty() {
+        let keys: Vec<&[u8]> = unseen.iter().map(|(_, k)| k.as_slice()).collect();
+        let holders: Vec<(Vec<u8>, i64)> = sqlx::query_as(&ctx.store.sql.unique_holders)
+            .bind(&keys)
+            .fetch_all(&mut *conn)
+            .await?;
+        let holders: HashMap<Vec<u8>, i64> = holders.into_iter().collect();
+        let mut again = Vec::new();
+        for (i, key) in unseen {
+            match holders.get(&key) {
+                Some(&id) => out[i] = Inserted { id, conflict: true },
+                None => again.push(i),
+            }
+        }
+        if again.is_empty() {
+            break;
+        }
+        rounds += 1;
+        if rounds == UNIQUE_ROUNDS {
+            return Err(Error::Contended(format!(
+                "a unique insert kept meeting an instance that finished before it could be read \
+                 back ({UNIQUE_ROUNDS} rounds); nothing of the retried rows was inserted"
+            )));
+        }
+        let (retried, still) = insert(ctx, &mut *conn, &rows.subset(&again), None).await?;
+        for (j, r) in retried.into_iter().enumerate() {
+            out[again[j]] = r;
+        }
+        unseen = still.into_iter().map(|(j, k)| (again[j], k)).collect();
+    }
+    Ok(out)
+}
+
+/// The rows of a statement that conflicted with a holder it could not see,
+/// by index, with their unique key.
+type Unseen = Vec<(usize, Vec<u8>)>;
+
+/// Insert with one statement; `here` is this process's node, which may start
+/// rows at once (only for a statement that commits on its own).
+async fn insert(
+    ctx: &Context,
+    conn: &mut PgConnection,
+    rows: &Rows,
+    here: Option<&Arc<Shared>>,
+) -> Result<(Vec<Inserted>, Unseen)> {
     let n = rows.len();
     // Claim slots on the node for what it can start now; the rows that got
     // one are inserted as claimed by it.
@@ -123,6 +199,7 @@ where
         let mut startable: HashMap<&str, Vec<usize>> = HashMap::new();
         for i in 0..n {
             if rows.due_now(i)
+                && rows.unique[i].is_none()
                 && rows.ckey[i].is_none()
                 && rows.rkey[i].is_none()
                 && ctx.workflows.contains_key(&rows.workflow[i])
@@ -136,7 +213,7 @@ where
             };
             for &i in &idx[..permit.num_permits()] {
                 start[i] = true;
-                started.push((i, claimed_here(&rows, i)));
+                started.push((i, claimed_here(rows, i)));
             }
             slots.insert(q.to_owned(), permit);
         }
@@ -147,16 +224,16 @@ where
     };
     let l = &ctx.limits;
     let result = sqlx::query(&ctx.store.sql.insert)
-        .bind(rows.workflow)
-        .bind(rows.step)
-        .bind(rows.state)
-        .bind(rows.queue)
-        .bind(rows.priority)
-        .bind(rows.ckey)
-        .bind(rows.rkey)
-        .bind(rows.max_attempts)
-        .bind(rows.delay)
-        .bind(rows.at)
+        .bind(&rows.workflow)
+        .bind(&rows.step)
+        .bind(&rows.state)
+        .bind(&rows.queue)
+        .bind(&rows.priority)
+        .bind(&rows.ckey)
+        .bind(&rows.rkey)
+        .bind(&rows.max_attempts)
+        .bind(&rows.delay)
+        .bind(&rows.at)
         .bind(&ctx.store.sql.channel)
         .bind(start)
         .bind(&ctx.cfg.node_id)
@@ -166,25 +243,34 @@ where
         .bind(&l.rate_intervals)
         .bind(&l.rate_tolerances)
         .bind(ctx.cfg.lease.as_secs_f64())
-        .fetch_all(executor)
+        .bind(&rows.unique)
+        .fetch_all(&mut *conn)
         .await;
     // Rows come back in input order; the started ones with their state.
     let read = result.map_err(Error::from).and_then(|out| {
-        let ids = out
-            .iter()
-            .map(|r| r.try_get::<i64, _>(0))
-            .collect::<sqlx::Result<Vec<i64>>>()?;
+        let mut inserted = Vec::with_capacity(out.len());
+        let mut unseen = Vec::new();
+        for (i, r) in out.iter().enumerate() {
+            let conflict: bool = r.try_get("conflict")?;
+            match r.try_get::<Option<i64>, _>("id")? {
+                Some(id) => inserted.push(Inserted { id, conflict }),
+                None => {
+                    inserted.push(Inserted { id: 0, conflict });
+                    unseen.push((i, r.try_get("ukey")?));
+                }
+            }
+        }
         let claimed = started
             .into_iter()
             .map(|(i, mut c)| {
-                c.id = ids[i];
+                c.id = inserted[i].id;
                 c.state = out[i].try_get("state")?;
                 Ok(c)
             })
             .collect::<Result<Vec<Claimed>>>()?;
-        Ok((ids, claimed))
+        Ok((inserted, unseen, claimed))
     });
-    let (ids, claimed) = match (read, here) {
+    let (inserted, unseen, claimed) = match (read, here) {
         (Ok(r), _) => r,
         (Err(e), Some(sh)) if claiming.is_some() => {
             // It may have committed: the node looks for claims it never got.
@@ -197,7 +283,7 @@ where
         local::start_inserted(sh, claimed, slots);
     }
     drop(claiming);
-    Ok(ids)
+    Ok((inserted, unseen))
 }
 
 /// A row the insert claims for this node, as the node will run it.

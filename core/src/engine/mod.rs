@@ -18,10 +18,11 @@ use crate::instance::{Instance, NewInstance, Status};
 use crate::node::{self, maintenance, Node};
 use crate::stats::Stats;
 use crate::store;
+use crate::unique::Inserted;
 use crate::validate;
 use serde_json::Value;
 use sqlx::postgres::PgRow;
-use sqlx::{PgPool, Postgres, Row};
+use sqlx::{PgConnection, PgPool, Row};
 use std::sync::{Arc, Mutex as StdMutex, Weak};
 use tokio::sync::Mutex;
 
@@ -107,10 +108,10 @@ impl Engine {
         maintenance::prune(&self.ctx).await
     }
 
-    /// Insert one instance; returns its id.
+    /// Insert one instance; returns its id (for a unique insert that met a
+    /// duplicate, the existing instance's: see [`Engine::insert_unique`]).
     pub async fn insert(&self, new: NewInstance) -> Result<i64> {
-        let ids = self.insert_many(vec![new]).await?;
-        Ok(ids[0])
+        Ok(self.insert_unique(new).await?.id)
     }
 
     /// Insert many instances in one round trip; returns their ids in order.
@@ -118,40 +119,71 @@ impl Engine {
     ///
     /// When this process runs a node serving the queue with running slots
     /// idle and nothing left to pick there, rows due now without a
-    /// concurrency key or rate limit are claimed by the insert itself and
-    /// start here at once, without a wake-up and a pick.
+    /// concurrency key, rate limit or unique identity are claimed by the
+    /// insert itself and start here at once, without a wake-up and a pick.
     pub async fn insert_many(&self, news: Vec<NewInstance>) -> Result<Vec<i64>> {
+        Ok(ids(self.insert_many_unique(news).await?))
+    }
+
+    /// [`Engine::insert`], saying whether a unique insert or idempotency key
+    /// met an existing instance (`conflict`: then `id` is that instance's
+    /// and nothing was inserted).
+    pub async fn insert_unique(&self, new: NewInstance) -> Result<Inserted> {
+        let mut all = self.insert_many_unique(vec![new]).await?;
+        all.pop()
+            .ok_or_else(|| Error::Contended("the insert returned no row".into()))
+    }
+
+    /// [`Engine::insert_many`], saying for each instance whether it was a
+    /// duplicate. Duplicates within the batch count too: the first is
+    /// inserted, the later ones report it.
+    pub async fn insert_many_unique(&self, news: Vec<NewInstance>) -> Result<Vec<Inserted>> {
         if news.is_empty() {
             return Ok(Vec::new());
         }
         let rows = insert::Rows::new(&self.ctx, news)?;
         if rows.wants_copy() {
-            return insert::copy(&self.ctx, &self.ctx.store.pool, rows).await;
+            let ids = insert::copy(&self.ctx, &self.ctx.store.pool, rows).await?;
+            return Ok(ids
+                .into_iter()
+                .map(|id| Inserted {
+                    id,
+                    conflict: false,
+                })
+                .collect());
         }
         let here = self
             .here
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .upgrade();
-        insert::insert(&self.ctx, &self.ctx.store.pool, rows, here.as_ref()).await
+        let mut conn = self.ctx.store.pool.acquire().await?;
+        insert::insert_unique(&self.ctx, &mut conn, rows, here.as_ref()).await
     }
 
     /// Insert inside the caller's own transaction or connection:
-    /// `engine.insert_many_in(&mut *tx, news)`. The instances become visible,
+    /// `engine.insert_many_in(&mut tx, news)`. The instances become visible,
     /// and wake the pickers, when that transaction commits.
-    pub async fn insert_many_in<'c, E>(
+    pub async fn insert_many_in(
         &self,
-        executor: E,
+        conn: &mut PgConnection,
         news: Vec<NewInstance>,
-    ) -> Result<Vec<i64>>
-    where
-        E: sqlx::Executor<'c, Database = Postgres>,
-    {
+    ) -> Result<Vec<i64>> {
+        Ok(ids(self.insert_many_unique_in(conn, news).await?))
+    }
+
+    /// [`Engine::insert_many_in`], saying for each instance whether it was a
+    /// duplicate (see [`Engine::insert_many_unique`]).
+    pub async fn insert_many_unique_in(
+        &self,
+        conn: &mut PgConnection,
+        news: Vec<NewInstance>,
+    ) -> Result<Vec<Inserted>> {
         if news.is_empty() {
             return Ok(Vec::new());
         }
         let rows = insert::Rows::new(&self.ctx, news)?;
-        insert::insert(&self.ctx, executor, rows, None).await
+        insert::insert_unique(&self.ctx, conn, rows, None).await
     }
 
     /// Read an instance back.
@@ -215,6 +247,10 @@ impl Engine {
             _ => Cancelled::Now,
         })
     }
+}
+
+fn ids(inserted: Vec<Inserted>) -> Vec<i64> {
+    inserted.into_iter().map(|i| i.id).collect()
 }
 
 /// What [`Engine::cancel`] did.

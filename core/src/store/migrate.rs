@@ -30,6 +30,7 @@ const FUNCTIONS: &[(&str, &str)] = functions![
     release_reserved,
     pick,
     handoff,
+    unique_key,
     enqueue,
 ];
 

@@ -65,7 +65,7 @@ macro_rules! queries {
 
 queries! {
     // Inserts.
-    insert, next_ids, copy_in, orphans, key_room, rate_room, notify_queues,
+    insert, unique_holders, next_ids, copy_in, orphans, key_room, rate_room, notify_queues,
     // Claims and outcomes.
     handoff, held_by_node,
     // The client.
