@@ -4,7 +4,8 @@
 -- status is one of them. Every status a row moves between while it runs is
 -- among them (the CHECK), so no engine write takes a row out of the index
 -- and back in.
-ALTER TABLE instances ADD COLUMN unique_key bytea, ADD COLUMN unique_states text[];
+ALTER TABLE instances ADD COLUMN IF NOT EXISTS unique_key bytea,
+                      ADD COLUMN IF NOT EXISTS unique_states text[];
 
 ALTER TABLE instances ADD CONSTRAINT instances_unique_check CHECK (
     (unique_key IS NULL) = (unique_states IS NULL)
@@ -14,7 +15,8 @@ ALTER TABLE instances ADD CONSTRAINT instances_unique_check CHECK (
 ) NOT VALID;
 ALTER TABLE instances VALIDATE CONSTRAINT instances_unique_check;
 
-CREATE UNIQUE INDEX instances_unique ON instances (unique_key)
+-- IF NOT EXISTS: an operator may have built it beforehand, CONCURRENTLY.
+CREATE UNIQUE INDEX IF NOT EXISTS instances_unique ON instances (unique_key)
     WHERE unique_key IS NOT NULL AND status = ANY (unique_states);
 
 -- enqueue() now also takes the unique options and says whether it inserted.
