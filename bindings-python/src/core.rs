@@ -12,7 +12,7 @@ use crate::instance::{cancelled_str, instance_to_py, new_instance, InstanceOut};
 use crate::values::to_json;
 use crate::workflow::{register, Hooks, WorkflowTable};
 use gendurable::options::EngineOptions;
-use gendurable::{Engine, EngineBuilder};
+use gendurable::{Engine, EngineBuilder, NewInstance};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use std::future::Future;
@@ -201,15 +201,22 @@ impl Core {
     }
 
     /// Insert; while the node runs, an idle one starts what it can at once
-    /// (see the core's `Engine::insert_many`).
-    fn insert_many(&self, py: Python<'_>, news: Vec<Bound<'_, PyAny>>) -> PyResult<Vec<i64>> {
+    /// (see the core's `Engine::insert_many`). Returns `(id, conflict)` per
+    /// instance: a unique insert or idempotency key that met an existing
+    /// instance inserted nothing and gives that instance's id
+    /// (`Engine::insert_many_unique`).
+    fn insert_many(
+        &self,
+        py: Python<'_>,
+        news: Vec<Bound<'_, PyAny>>,
+    ) -> PyResult<Vec<(i64, bool)>> {
         let news = news
             .iter()
             .map(new_instance)
             .collect::<PyResult<Vec<_>>>()?;
         let c = self.client()?;
         block_on(py, move || {
-            c.run(move |e| async move { e.insert_many(news).await })
+            c.run(move |e| async move { insert_many(&e, news).await })
         })
     }
 
@@ -225,7 +232,7 @@ impl Core {
         let c = self.client()?;
         pyo3_async_runtimes::tokio::future_into_py(
             py,
-            c.run(move |e| async move { e.insert_many(news).await }),
+            c.run(move |e| async move { insert_many(&e, news).await }),
         )
     }
 
@@ -385,6 +392,14 @@ impl Core {
             None => "<gendurable engine, not built>".to_owned(),
         }
     }
+}
+
+async fn insert_many(
+    engine: &Engine,
+    news: Vec<NewInstance>,
+) -> gendurable::Result<Vec<(i64, bool)>> {
+    let inserted = engine.insert_many_unique(news).await?;
+    Ok(inserted.into_iter().map(|i| (i.id, i.conflict)).collect())
 }
 
 async fn signal(

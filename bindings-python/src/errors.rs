@@ -58,6 +58,7 @@ pub(crate) fn to_py(e: gendurable::Error) -> PyErr {
                         .unbind(),
                 )],
             ),
+            gendurable::Error::Contended(_) => raise(py, "Contended", msg, &[]),
             gendurable::Error::Migrate(_) => raise(py, "MigrationError", msg, &[]),
             _ => raise(py, "Error", msg, &[]),
         }

@@ -156,23 +156,24 @@ def test_enqueue_sql_binds_every_value(make_engine, database_url, schema):
         "Orders.Fulfil", NASTY, concurrency_key=("account", 7), priority=2, schema=schema
     )
     assert sql == (
-        f'SELECT "{schema}".enqueue(workflow => %s::text, state => %s::jsonb,'
-        " priority => %s::integer, concurrency_key => %s::text) AS id"
+        f'SELECT id, conflict FROM "{schema}".enqueue(workflow => %s::text, state => %s::jsonb,'
+        " priority => %s::integer, concurrency_key => %s::text)"
     )
     assert params == ("Orders.Fulfil", json.dumps(NASTY, separators=(",", ":")), 2, "account:7")
     assert "DROP" not in sql
 
     sql, params = gendurable.enqueue_sql("W", paramstyle="numeric", queue="q", max_attempts=3)
     assert sql == (
-        'SELECT "gendurable".enqueue(workflow => $1::text, queue => $2::text,'
-        " max_attempts => $3::integer) AS id"
+        'SELECT id, conflict FROM "gendurable".enqueue(workflow => $1::text, queue => $2::text,'
+        " max_attempts => $3::integer)"
     )
     assert params == ("W", "q", 3)
 
     engine, _ = _engine(make_engine)
     sql, params = gendurable.enqueue_sql("Orders.Fulfil", NASTY, schema=schema)
     with psycopg.connect(database_url) as conn:
-        (id_,) = conn.execute(sql, params).fetchone()
+        id_, conflict = conn.execute(sql, params).fetchone()
+    assert conflict is False
     assert engine.get(id_).state == NASTY
 
 
@@ -237,9 +238,9 @@ class Ship:
 def test_enqueue_sql_applies_a_decorated_workflows_declarations():
     sql, params = gendurable.enqueue_sql(Ship, {"a": 1})
     assert sql == (
-        'SELECT "gendurable".enqueue(workflow => %s::text, state => %s::jsonb,'
-        " queue => %s::text, priority => %s::integer, rate_limit => %s::text,"
-        " max_attempts => %s::integer) AS id"
+        'SELECT id, conflict FROM "gendurable".enqueue(workflow => %s::text,'
+        " state => %s::jsonb, queue => %s::text, priority => %s::integer,"
+        " rate_limit => %s::text, max_attempts => %s::integer)"
     )
     assert params == ("Orders.Ship", '{"a":1}', "bulk", 3, "carrier:ups", 4)
     assert "backoff" not in sql
@@ -254,7 +255,9 @@ def test_enqueue_sql_applies_a_decorated_workflows_declarations():
 
     # By name: none of the workflow's declarations.
     sql, params = gendurable.enqueue_sql("Orders.Ship", {"a": 1})
-    assert sql == 'SELECT "gendurable".enqueue(workflow => %s::text, state => %s::jsonb) AS id'
+    assert sql == (
+        'SELECT id, conflict FROM "gendurable".enqueue(workflow => %s::text, state => %s::jsonb)'
+    )
     assert params == ("Orders.Ship", '{"a":1}')
 
 

@@ -29,6 +29,7 @@ from .context import Context, Wake
 from .engine import Cancelled, Engine, Instance, NewInstance, workflow
 from .errors import (
     CannotConnect,
+    Contended,
     DatabaseError,
     EmbeddedPostgresError,
     Error,
@@ -41,6 +42,7 @@ from .errors import (
 )
 from .sql import enqueue, enqueue_async, enqueue_sql
 from .transitions import KEEP, Await, Cancel, Discard, Done, Next, Snooze, Transition
+from .unique import Inserted, Unique
 
 __all__ = [
     "KEEP",
@@ -49,6 +51,7 @@ __all__ = [
     "Cancel",
     "Cancelled",
     "CannotConnect",
+    "Contended",
     "Context",
     "DatabaseError",
     "Discard",
@@ -56,6 +59,7 @@ __all__ = [
     "EmbeddedPostgresError",
     "Engine",
     "Error",
+    "Inserted",
     "Instance",
     "InvalidConfig",
     "InvalidInput",
@@ -68,6 +72,7 @@ __all__ = [
     "ShutDown",
     "Snooze",
     "Transition",
+    "Unique",
     "Wake",
     "__version__",
     "enqueue",

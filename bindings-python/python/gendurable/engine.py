@@ -18,6 +18,7 @@ from typing import Any, Callable, Optional, TypeVar, Union
 from . import _gendurable
 from .errors import Error, InvalidConfig, InvalidInput
 from .transitions import ConcurrencyKey, key_str
+from .unique import Inserted, Unique
 
 __all__ = ["Cancelled", "Engine", "Instance", "NewInstance", "workflow"]
 
@@ -298,6 +299,8 @@ class NewInstance:
         schedule_in: Union[float, _dt.timedelta, None] = None,
         scheduled_at: Optional[_dt.datetime] = None,
         max_attempts: Optional[int] = None,
+        unique: Optional[Unique] = None,
+        idempotency_key: Optional[str] = None,
     ) -> None:
         # The core's insert options (gendurable::options::InsertOptions);
         # those left out (None) are not passed.
@@ -312,6 +315,8 @@ class NewInstance:
             rate_limit=rate_limit,
             schedule_in=None if schedule_in is None else _millis(schedule_in),
             scheduled_at=None if scheduled_at is None else _rfc3339(scheduled_at),
+            unique=None if unique is None else _unique(unique),
+            idempotency_key=idempotency_key,
         )
 
     def __repr__(self) -> str:
@@ -348,6 +353,20 @@ def _millis(v: Any) -> Any:
         ms = v * 1000
         return round(ms) if math.isfinite(ms) else ms
     return v
+
+
+def _unique(v: Any) -> dict[str, Any]:
+    """A :class:`Unique` as the core's unique options (``{}``: its defaults),
+    the period in milliseconds; the values are the core's to judge."""
+    if not isinstance(v, Unique):
+        raise InvalidInput(
+            f"invalid unique: must be a gendurable.Unique, got {v!r}", field="unique"
+        )
+    return _given(
+        fields=list(v.fields) if isinstance(v.fields, tuple) else v.fields,
+        period=None if v.period is None else _millis(v.period),
+        states=list(v.states) if isinstance(v.states, tuple) else v.states,
+    )
 
 
 def _rfc3339(v: Any) -> Any:
@@ -661,13 +680,21 @@ class Engine:
         schedule_in: Union[float, _dt.timedelta, None] = None,
         scheduled_at: Optional[_dt.datetime] = None,
         max_attempts: Optional[int] = None,
-    ) -> int:
+        unique: Optional[Unique] = None,
+        idempotency_key: Optional[str] = None,
+    ) -> Inserted:
         """Insert one instance of ``workflow`` (a name or a decorated workflow)
-        and return its id.
+        and return its id, an :class:`Inserted` (an ``int``).
 
         ``state`` is a JSON object (a dict). ``concurrency_key`` is
         ``"name:rest"`` or a ``(name, id)`` tuple; ``schedule_in`` seconds or
         ``scheduled_at`` an aware datetime.
+
+        ``unique=Unique(fields=..., period=..., states=...)`` or an
+        ``idempotency_key`` (1 to 1024 bytes, across workflows) make it a
+        unique insert: if an instance holds the same identity, nothing is
+        inserted and the result is that instance's id with ``conflict`` true
+        (see :class:`gendurable.Unique`).
 
         Left out, ``queue``, ``priority`` and ``max_attempts`` are the
         workflow's defaults (see :func:`gendurable.workflow`), else the
@@ -688,9 +715,11 @@ class Engine:
             schedule_in=schedule_in,
             scheduled_at=scheduled_at,
             max_attempts=max_attempts,
+            unique=unique,
+            idempotency_key=idempotency_key,
         )
         _check_fork()
-        return self._native().insert_many([new._d])[0]
+        return _inserted(self._native().insert_many([new._d]))[0]
 
     async def insert_async(
         self,
@@ -705,7 +734,9 @@ class Engine:
         schedule_in: Union[float, _dt.timedelta, None] = None,
         scheduled_at: Optional[_dt.datetime] = None,
         max_attempts: Optional[int] = None,
-    ) -> int:
+        unique: Optional[Unique] = None,
+        idempotency_key: Optional[str] = None,
+    ) -> Inserted:
         """:meth:`insert` for asyncio."""
         new = NewInstance(
             workflow,
@@ -718,18 +749,24 @@ class Engine:
             schedule_in=schedule_in,
             scheduled_at=scheduled_at,
             max_attempts=max_attempts,
+            unique=unique,
+            idempotency_key=idempotency_key,
         )
-        ids = await self._native().insert_many_async([new._d])
-        return ids[0]
+        return _inserted(await self._native().insert_many_async([new._d]))[0]
 
-    def insert_many(self, instances: Iterable[NewInstance]) -> list[int]:
-        """Insert many instances in one round trip; all or none. Returns their ids in order."""
+    def insert_many(self, instances: Iterable[NewInstance]) -> list[Inserted]:
+        """Insert many instances in one round trip; all or none. Returns an
+        :class:`Inserted` (an id) per instance, in order.
+
+        Unique inserts and idempotency keys count within the batch too: the
+        first of an identity is inserted, the later ones report it with
+        ``conflict`` true."""
         _check_fork()
-        return self._native().insert_many(_news(instances))
+        return _inserted(self._native().insert_many(_news(instances)))
 
-    async def insert_many_async(self, instances: Iterable[NewInstance]) -> list[int]:
+    async def insert_many_async(self, instances: Iterable[NewInstance]) -> list[Inserted]:
         """:meth:`insert_many` for asyncio."""
-        return await self._native().insert_many_async(_news(instances))
+        return _inserted(await self._native().insert_many_async(_news(instances)))
 
     def get(self, id: int) -> Instance:
         """Read an instance back; raises :class:`gendurable.NotFound`."""
@@ -930,6 +967,10 @@ def _id(v: Any) -> int:
     if not -(2**63) <= v < 2**63:
         raise InvalidInput(f"invalid id: out of range: {v}", field="id")
     return v
+
+
+def _inserted(pairs: list[tuple[int, bool]]) -> list[Inserted]:
+    return [Inserted(id, conflict) for id, conflict in pairs]
 
 
 def _news(instances: Iterable[Any]) -> list[dict[str, Any]]:

@@ -10,6 +10,7 @@ from typing import Optional
 
 __all__ = [
     "CannotConnect",
+    "Contended",
     "DatabaseError",
     "EmbeddedPostgresError",
     "Error",
@@ -106,3 +107,15 @@ class Saturated(Error):
     This is backpressure, not a failure of the service: shed the call, retry
     later or degrade.
     """
+
+
+class Contended(Error):
+    """Concurrent writers kept a call from finishing; nothing was written.
+
+    A unique insert (or an idempotency key) met a holder of its identity
+    that finished, and so stopped holding it, before the insert could read
+    it back, several times in a row. It is transient: retrying the call
+    succeeds (``transient`` is always true).
+    """
+
+    transient = True

@@ -14,13 +14,15 @@ from __future__ import annotations
 import datetime as _dt
 import inspect
 import json
+import math
 import re
 from collections.abc import Mapping
 from typing import Any, Optional, Union
 
-from .engine import _MARK, _str, _Workflow, _workflow_name
+from .engine import _MARK, _millis, _str, _Workflow, _workflow_name
 from .errors import InvalidConfig, InvalidInput
 from .transitions import ConcurrencyKey, key_str
+from .unique import Inserted, Unique
 
 __all__ = ["enqueue", "enqueue_async", "enqueue_sql"]
 
@@ -39,7 +41,18 @@ _CASTS = {
     "rate_limit": "text",
     "max_attempts": "integer",
     "scheduled_at": "timestamptz",
+    "unique": "boolean",
+    "unique_fields": "text[]",
+    "unique_period": "interval",
+    "unique_states": "text[]",
+    "idempotency_key": "text",
 }
+# A reserved word, quoted as the function names it.
+_ARG = {"unique": '"unique"'}
+
+# The statuses of Unique(states="active") and "all" (gendurable::unique).
+_ACTIVE = ["scheduled", "available", "executing", "awaiting"]
+_STATES = {"active": _ACTIVE, "all": [*_ACTIVE, "completed", "cancelled", "discarded"]}
 
 
 def enqueue_sql(
@@ -53,15 +66,21 @@ def enqueue_sql(
     rate_limit: Optional[str] = None,
     max_attempts: Optional[int] = None,
     scheduled_at: Optional[_dt.datetime] = None,
+    unique: Optional[Unique] = None,
+    idempotency_key: Optional[str] = None,
     schema: str = "gendurable",
     paramstyle: str = "format",
 ) -> tuple[str, tuple[Any, ...]]:
     """The statement that enqueues one instance, and its parameters.
 
-    Returns ``(sql, params)`` for a driver's ``execute``: ``SELECT
-    "gendurable".enqueue(workflow => %s::text, state => %s::jsonb, ...) AS id``
+    Returns ``(sql, params)`` for a driver's ``execute``: ``SELECT id, conflict
+    FROM "gendurable".enqueue(workflow => %s::text, state => %s::jsonb, ...)``
     with only the options given (the others are the function's defaults:
     step ``"start"``, queue ``"default"``, priority 0, max_attempts 20, now).
+    Its one row is the instance's id and ``conflict``: true when a unique
+    insert (``unique=gendurable.Unique(...)``, as in :meth:`Engine.insert`)
+    or an ``idempotency_key`` met an instance holding its identity; then
+    nothing was inserted and the id is that instance's.
     Every value is a bound parameter; only the schema name, checked like the
     engine's (1 to 48 characters of a-z, 0-9 and _, not starting with a
     digit), is quoted into the text.
@@ -70,7 +89,10 @@ def enqueue_sql(
     ``exec_driver_sql`` on it) or ``"numeric"`` (``$1``: asyncpg).
     ``workflow`` is a name or a decorated workflow; ``state`` a dict, sent as
     JSON text; ``concurrency_key`` ``"name:rest"`` or a ``(name, id)`` tuple;
-    ``scheduled_at`` a timezone-aware datetime.
+    ``scheduled_at`` a timezone-aware datetime. A :class:`Unique`'s period
+    is bound as an interval (a ``timedelta``, to the millisecond), its
+    fields and states as text arrays (``"active"`` and ``"all"`` as the
+    statuses they name).
 
     Python checks only the types; the database checks the values, like an
     insert through :meth:`Engine.insert`, and refuses bad ones when the
@@ -126,11 +148,16 @@ def enqueue_sql(
         values["max_attempts"] = _int("max_attempts", max_attempts)
     if scheduled_at is not None:
         values["scheduled_at"] = _aware("scheduled_at", scheduled_at)
+    if unique is not None:
+        values.update(_unique(unique))
+    if idempotency_key is not None:
+        values["idempotency_key"] = _str("idempotency_key", idempotency_key)
 
     args = ", ".join(
-        f"{name} => {mark(n)}::{_CASTS[name]}" for n, name in enumerate(values, start=1)
+        f"{_ARG.get(name, name)} => {mark(n)}::{_CASTS[name]}"
+        for n, name in enumerate(values, start=1)
     )
-    return f'SELECT "{schema}".enqueue({args}) AS id', tuple(values.values())
+    return f'SELECT id, conflict FROM "{schema}".enqueue({args})', tuple(values.values())
 
 
 def enqueue(
@@ -138,16 +165,17 @@ def enqueue(
     workflow: Union[str, Any],
     state: Optional[Mapping[str, Any]] = None,
     **options: Any,
-) -> int:
-    """Enqueue one instance in ``conn``'s current transaction; return its id.
+) -> Inserted:
+    """Enqueue one instance in ``conn``'s current transaction; return its id,
+    an :class:`Inserted` (an ``int`` with ``conflict``).
 
     ``conn`` is a psycopg 3 connection or cursor (anything whose
     ``execute(sql, params)`` takes ``%s`` placeholders and gives a cursor).
     The options are those of :func:`enqueue_sql` (``step``, ``queue``,
     ``priority``, ``concurrency_key``, ``rate_limit``, ``max_attempts``,
-    ``scheduled_at``, ``schema``). The instance becomes visible, and the
-    nodes are woken, when the transaction commits; a rollback leaves
-    nothing::
+    ``scheduled_at``, ``unique``, ``idempotency_key``, ``schema``). The
+    instance becomes visible, and the nodes are woken, when the transaction
+    commits; a rollback leaves nothing::
 
         with conn.transaction():
             conn.execute("INSERT INTO orders ...", ...)
@@ -163,6 +191,10 @@ def enqueue(
     it declares for the first step fill the options not given, as in
     :func:`enqueue_sql`; a workflow given by its name gets none of these (see
     "Enqueue in the application's own transaction" in docs/operations.md).
+    A unique insert or idempotency key that met its holder returns the
+    holder's id with ``conflict`` true and inserts nothing; one whose holders
+    kept finishing under it raises the driver's serialization failure
+    (SQLSTATE 40001), which a retry of the transaction gets past.
     For asyncio use :func:`enqueue_async`.
     """
     if callable(getattr(conn, "fetchval", None)) or inspect.iscoroutinefunction(
@@ -172,7 +204,7 @@ def enqueue(
     if not callable(getattr(conn, "execute", None)):
         raise TypeError(f"not a psycopg connection or cursor: {conn!r}")
     sql, params = enqueue_sql(workflow, state, paramstyle="format", **options)
-    return _id(conn.execute(sql, params).fetchone())
+    return _inserted(conn.execute(sql, params).fetchone())
 
 
 async def enqueue_async(
@@ -180,7 +212,7 @@ async def enqueue_async(
     workflow: Union[str, Any],
     state: Optional[Mapping[str, Any]] = None,
     **options: Any,
-) -> int:
+) -> Inserted:
     """:func:`enqueue` for asyncio: ``conn`` is an asyncpg connection
     (``fetchval``), or a psycopg 3 async connection or cursor.
 
@@ -195,11 +227,11 @@ async def enqueue_async(
     """
     if callable(getattr(conn, "fetchval", None)):
         sql, params = enqueue_sql(workflow, state, paramstyle="numeric", **options)
-        return await conn.fetchval(sql, *params)
+        return _inserted(await conn.fetchrow(sql, *params))
     if inspect.iscoroutinefunction(getattr(conn, "execute", None)):
         sql, params = enqueue_sql(workflow, state, paramstyle="format", **options)
         cur = await conn.execute(sql, params)
-        return _id(await cur.fetchone())
+        return _inserted(await cur.fetchone())
     raise TypeError(f"not an asyncpg connection or a psycopg async connection: {conn!r}")
 
 
@@ -214,9 +246,60 @@ def _declared(name: str, workflow: Any) -> tuple[dict[str, Any], dict[str, str]]
     return w.defaults, w.rate_limits
 
 
-def _id(row: Any) -> int:
-    """The id from a row, whatever the cursor's row factory."""
-    return row["id"] if isinstance(row, Mapping) else row[0]
+def _inserted(row: Any) -> Inserted:
+    """The id and conflict from a row, whatever the cursor's row factory
+    (asyncpg's records take both)."""
+    if isinstance(row, Mapping):
+        return Inserted(row["id"], row["conflict"])
+    return Inserted(row[0], row[1])
+
+
+def _unique(u: Any) -> dict[str, Any]:
+    """A :class:`Unique` as the arguments of ``enqueue``: ``unique`` (so that
+    ``Unique()`` is a unique insert with every default) and those it sets."""
+    if not isinstance(u, Unique):
+        raise InvalidInput(
+            f"invalid unique: must be a gendurable.Unique, got {u!r}", field="unique"
+        )
+    out: dict[str, Any] = {"unique": True}
+    if u.fields is not None:
+        out["unique_fields"] = _strs("unique.fields", u.fields)
+    if u.period is not None:
+        out["unique_period"] = _interval("unique.period", u.period)
+    if u.states is not None:
+        if isinstance(u.states, str):
+            if u.states not in _STATES:
+                raise InvalidInput(
+                    'invalid unique.states: expected "active", "all" or a list of statuses,'
+                    f" got {json.dumps(u.states)}",
+                    field="unique.states",
+                )
+            out["unique_states"] = list(_STATES[u.states])
+        else:
+            out["unique_states"] = _strs("unique.states", u.states)
+    return out
+
+
+def _strs(field: str, v: Any) -> list[str]:
+    if not isinstance(v, (list, tuple)) or not all(isinstance(x, str) for x in v):
+        raise InvalidInput(f"invalid {field}: must be a list of str, got {v!r}", field=field)
+    return list(v)
+
+
+def _interval(field: str, v: Any) -> _dt.timedelta:
+    """Seconds (a number or a ``timedelta``), to the millisecond as the
+    engine's inserts take them."""
+    ms = _millis(v)
+    if not isinstance(ms, (int, float)) or isinstance(ms, bool):
+        raise InvalidInput(
+            f"invalid {field}: must be seconds (a number or a timedelta), got {v!r}", field=field
+        )
+    try:
+        if not math.isfinite(ms):
+            raise OverflowError
+        return _dt.timedelta(milliseconds=ms)
+    except OverflowError:
+        raise InvalidInput(f"invalid {field}: out of range, got {v!r}", field=field) from None
 
 
 def _json(field: str, v: Any) -> str:
