@@ -131,6 +131,11 @@ CREATE FUNCTION gendurable.unpark_workflows(queues text[], workflows text[], lim
     AS -- sql/functions/unpark_workflows.sql, source md5 2103c50c98eeba4efd96a8dd2ffcb9f3
 ;
 
+CREATE TABLE gendurable.cron (
+    name text NOT NULL,
+    last_tick timestamp with time zone NOT NULL
+);
+
 CREATE TABLE gendurable.functions (
     name text NOT NULL,
     source text NOT NULL
@@ -202,6 +207,9 @@ CREATE TABLE gendurable.rate_state (
     key text NOT NULL,
     tat timestamp with time zone NOT NULL
 );
+
+ALTER TABLE ONLY gendurable.cron
+    ADD CONSTRAINT cron_pkey PRIMARY KEY (name);
 
 ALTER TABLE ONLY gendurable.functions
     ADD CONSTRAINT functions_pkey PRIMARY KEY (name);

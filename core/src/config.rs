@@ -1,5 +1,6 @@
 //! Engine configuration and its validation.
 
+use crate::cron::CronEntry;
 use crate::error::{Error, Result};
 use crate::validate;
 use crate::workflow::WorkflowDefaults;
@@ -107,6 +108,8 @@ pub struct EngineConfig {
     pub(crate) backoff_max: Duration,
     /// Per workflow: insert defaults and retry backoff.
     pub(crate) workflow_defaults: BTreeMap<String, WorkflowDefaults>,
+    /// Periodic workflows this node inserts.
+    pub(crate) cron: Vec<CronEntry>,
 }
 
 impl Default for EngineConfig {
@@ -127,6 +130,7 @@ impl Default for EngineConfig {
             backoff_base: Duration::from_secs(1),
             backoff_max: Duration::from_secs(3600),
             workflow_defaults: BTreeMap::new(),
+            cron: Vec::new(),
         }
     }
 }

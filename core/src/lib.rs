@@ -70,6 +70,7 @@
 
 pub mod config;
 mod context;
+pub mod cron;
 mod engine;
 mod error;
 mod instance;
@@ -85,6 +86,7 @@ mod workflow;
 
 pub use async_trait::async_trait;
 pub use config::{EngineConfig, GateConfig, RateConfig};
+pub use cron::{CronEntry, Missed};
 pub use engine::{
     Cancelled, ClusterStatus, Engine, EngineBuilder, GateStatus, KeyLimit, NoNode, NodeStatus,
     Parked, ParkedKey, QueueCount, RateStatus, WaitingRows,
@@ -95,7 +97,7 @@ pub use gendurable_bulkhead as bulkhead;
 pub use instance::{
     Instance, NewInstance, Status, DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, DEFAULT_STEP,
 };
-pub use options::{EngineOptions, InsertOptions, UniqueOptions, UniqueStates};
+pub use options::{CronOptions, EngineOptions, InsertOptions, UniqueOptions, UniqueStates};
 pub use stats::{Latencies, Stats, StatsSnapshot};
 pub use transition::{AwaitOn, ConcurrencyKey, KeyChange, NextOptions, Transition, Wake};
 pub use unique::{Inserted, Unique};

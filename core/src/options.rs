@@ -24,6 +24,7 @@
 //! Durations are integer milliseconds. `null` is the same as leaving an
 //! option out.
 
+use crate::cron::{CronEntry, Missed};
 use crate::instance::Status;
 use crate::unique::{Unique, ACTIVE_STATUSES, ALL_STATUSES};
 use crate::{EngineBuilder, Error, GateConfig, NewInstance, RateConfig, Result, WorkflowDefaults};
@@ -107,6 +108,54 @@ pub struct EngineOptions {
     /// Rows claimed ahead per queue; see [`EngineBuilder::prefetch`].
     #[serde(deserialize_with = "de::opt_prefetch")]
     pub prefetch: Option<u32>,
+    /// Periodic workflows; see [`EngineBuilder::cron`].
+    #[serde(deserialize_with = "de::structs_list")]
+    pub cron: Vec<CronOptions>,
+}
+
+/// A periodic workflow: `{"schedule": "*/5 * * * *", "instance": {"workflow":
+/// "Report", ...}, "name": "reports", "timezone": "Europe/Paris", "missed":
+/// "latest"}`; `instance` holds insert options (see [`CronEntry`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CronOptions {
+    pub schedule: String,
+    #[serde(deserialize_with = "de::structure")]
+    pub instance: InsertOptions,
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub timezone: Option<String>,
+    /// `"latest"`, `"all"` or `"skip"` (see [`Missed`]).
+    #[serde(
+        default,
+        deserialize_with = "de::opt_missed",
+        serialize_with = "missed_name"
+    )]
+    pub missed: Option<Missed>,
+}
+
+fn missed_name<S: Serializer>(m: &Option<Missed>, s: S) -> std::result::Result<S::Ok, S::Error> {
+    match m {
+        Some(m) => s.serialize_str(m.as_str()),
+        None => s.serialize_none(),
+    }
+}
+
+impl From<CronOptions> for CronEntry {
+    fn from(o: CronOptions) -> CronEntry {
+        let mut entry = CronEntry::new(o.schedule, NewInstance::from(o.instance));
+        if let Some(name) = o.name {
+            entry = entry.name(name);
+        }
+        if let Some(tz) = o.timezone {
+            entry = entry.timezone(tz);
+        }
+        if let Some(m) = o.missed {
+            entry = entry.missed(m);
+        }
+        entry
+    }
 }
 
 /// A gate: `{"limit": 100, "shards": 10}` (see [`GateConfig`]).
@@ -239,6 +288,9 @@ impl EngineOptions {
             };
             b = b.workflow_defaults(workflow, defaults);
         }
+        for c in &self.cron {
+            b = b.cron(c.clone().into());
+        }
         if let Some(d) = self.poll_interval {
             b = b.poll_interval(ms(d));
         }
@@ -278,7 +330,7 @@ impl EngineOptions {
 /// An instance to insert, as every front door passes it: `{"workflow":
 /// "Account.Sync", "state": {...}, "concurrency_key": "account:7", ...}`.
 /// Options left out take [`NewInstance`]'s defaults.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct InsertOptions {
     pub workflow: String,
@@ -562,6 +614,11 @@ fn input(field: &'static str, reason: impl Into<String>) -> Error {
 fn path_text(path: &[String]) -> String {
     let mut out = String::new();
     for (i, seg) in path.iter().enumerate() {
+        // A list's index, as `read` writes it.
+        if seg.starts_with('[') && seg.ends_with(']') {
+            out.push_str(seg);
+            continue;
+        }
         let plain = !seg.is_empty()
             && seg.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
             && !seg.starts_with(|c: char| c.is_ascii_digit());
@@ -586,7 +643,7 @@ fn read<T: DeserializeOwned + de::Described>(value: Value) -> std::result::Resul
             .iter()
             .filter_map(|seg| match seg {
                 serde_path_to_error::Segment::Map { key } => Some(key.clone()),
-                serde_path_to_error::Segment::Seq { index } => Some(index.to_string()),
+                serde_path_to_error::Segment::Seq { index } => Some(format!("[{index}]")),
                 serde_path_to_error::Segment::Enum { variant } => Some(variant.clone()),
                 serde_path_to_error::Segment::Unknown => None,
             })
@@ -678,9 +735,10 @@ fn shorten(s: &str) -> String {
 
 mod de {
     use super::{
-        shorten, BackoffOptions, EngineOptions, GateOptions, InsertOptions, RateOptions, Retention,
-        UniqueOptions, UniqueStates, WorkflowDefaultsOptions,
+        shorten, BackoffOptions, CronOptions, EngineOptions, GateOptions, InsertOptions,
+        RateOptions, Retention, UniqueOptions, UniqueStates, WorkflowDefaultsOptions,
     };
+    use crate::cron::Missed;
     use crate::instance::Status;
     use chrono::{DateTime, Utc};
     use serde::de::value::MapAccessDeserializer;
@@ -720,6 +778,11 @@ mod de {
         const WHAT: &'static str = "a map of insert options";
     }
 
+    impl Described for CronOptions {
+        const WHAT: &'static str =
+            "a map with schedule, instance and optionally name, timezone and missed";
+    }
+
     impl Described for UniqueOptions {
         const WHAT: &'static str =
             "a map with fields, period (milliseconds) and states, each optional";
@@ -756,6 +819,35 @@ mod de {
         T: Deserialize<'de> + Described,
     {
         Option::<MapOnly<T>>::deserialize(d).map(|o| o.map(|m| m.0))
+    }
+
+    /// A struct.
+    pub(super) fn structure<'de, D, T>(d: D) -> Result<T, D::Error>
+    where
+        D: Deserializer<'de>,
+        T: Deserialize<'de> + Described,
+    {
+        MapOnly::<T>::deserialize(d).map(|m| m.0)
+    }
+
+    /// A list of structs; `null` is empty.
+    pub(super) fn structs_list<'de, D, T>(d: D) -> Result<Vec<T>, D::Error>
+    where
+        D: Deserializer<'de>,
+        T: Deserialize<'de> + Described,
+    {
+        let list: Option<Vec<MapOnly<T>>> = Option::deserialize(d)?;
+        Ok(list.unwrap_or_default().into_iter().map(|m| m.0).collect())
+    }
+
+    pub(super) fn opt_missed<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Missed>, D::Error> {
+        d.deserialize_option(Nullable(Any {
+            what: "\"latest\", \"all\" or \"skip\"",
+            take: |got| match got {
+                Got::Str(s) => Missed::from_name(&s).ok_or(Got::Str(s)),
+                other => Err(other),
+            },
+        }))
     }
 
     /// Name → struct; `null` is empty.
@@ -1359,6 +1451,7 @@ mod tests {
             "retention": "infinity",
             "pool_size": 12,
             "prefetch": 0,
+            "cron": [],
         });
         let o = EngineOptions::from_json(full.clone()).unwrap();
         assert_eq!(o.queues["mailers"], 5);
@@ -1435,5 +1528,50 @@ mod tests {
 
         let new = NewInstance::from_json(json!({"workflow": "W", "schedule_in": 1500})).unwrap();
         assert_eq!(new.schedule, Schedule::In(Duration::from_millis(1500)));
+    }
+
+    #[test]
+    fn cron_entries() {
+        let o = EngineOptions::from_json(json!({"cron": [
+            {"schedule": "0 6 * * *", "instance": {"workflow": "Report", "state": {"k": 1},
+             "unique": {}}, "name": "daily", "timezone": "Europe/Paris", "missed": "all"},
+            {"schedule": "*/5 * * * *", "instance": {"workflow": "Sweep"}},
+        ]}))
+        .unwrap();
+        assert_eq!(
+            EngineOptions::from_json(serde_json::to_value(&o).unwrap()).unwrap(),
+            o
+        );
+        let entry = CronEntry::from(o.cron[0].clone());
+        assert_eq!(entry.entry_name(), "daily");
+        assert_eq!(
+            (entry.timezone.as_str(), entry.missed),
+            ("Europe/Paris", Missed::All)
+        );
+        assert_eq!(entry.instance.state, json!({"k": 1}));
+        assert!(entry.instance.unique.is_some());
+        assert_eq!(CronEntry::from(o.cron[1].clone()).missed, Missed::Latest);
+
+        for (v, want) in [
+            (
+                json!({"cron": [{"schedule": "* * * * *"}]}),
+                "engine option cron[0]: instance is required",
+            ),
+            (
+                json!({"cron": [{"schedule": "* * * * *", "instance": {"workflow": "W"},
+                                 "missed": "never"}]}),
+                r#"engine option cron[0].missed: expected "latest", "all" or "skip", got "never""#,
+            ),
+            (
+                json!({"cron": [{"schedule": "* * * * *", "instance": {"workflow": "W", "priority": "x"}}]}),
+                r#"engine option cron[0].instance.priority: expected an integer, got "x""#,
+            ),
+            (
+                json!({"cron": {"schedule": "* * * * *"}}),
+                "engine option cron: expected a list, got a map",
+            ),
+        ] {
+            assert_eq!(engine_err(v), want);
+        }
     }
 }

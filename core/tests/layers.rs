@@ -19,6 +19,7 @@ const FORBIDDEN: &[(&str, &[&str])] = &[
 /// The files of the foundations: the types and rules every layer uses.
 const FOUNDATIONS: &[&str] = &[
     "config.rs",
+    "cron.rs",
     "error.rs",
     "instance.rs",
     "outcome.rs",

@@ -4,6 +4,7 @@
 use super::Engine;
 use crate::config::{EngineConfig, GateConfig, RateConfig};
 use crate::context::Context;
+use crate::cron::CronEntry;
 use crate::error::{Error, Result};
 use crate::outcome::check_rate_key;
 use crate::store::{self, Store};
@@ -208,6 +209,14 @@ impl EngineBuilder {
         self
     }
 
+    /// A periodic workflow: each tick of the entry's schedule inserts its
+    /// instance once, cluster-wide (see [`CronEntry`] and docs/cron.md).
+    /// Every node that runs the engine with it tries; the database decides.
+    pub fn cron(mut self, entry: CronEntry) -> Self {
+        self.cfg.cron.push(entry);
+        self
+    }
+
     /// Defaults for a registered workflow's instances: their queue, priority
     /// and attempts when an insert does not name them, and the backoff of
     /// its errors (see [`WorkflowDefaults`]).
@@ -253,6 +262,21 @@ impl EngineBuilder {
             return Err(Error::config(format!(
                 "workflow_defaults: no workflow named {name:?} is registered"
             )));
+        }
+        let mut names = std::collections::BTreeSet::new();
+        for entry in &self.cfg.cron {
+            entry.parse()?;
+            if let Some(key) = &entry.instance.rate_limit {
+                check_rate_key(&self.cfg, key).map_err(|e| {
+                    Error::config(format!("cron {:?}: instance: {e}", entry.entry_name()))
+                })?;
+            }
+            if !names.insert(entry.entry_name()) {
+                return Err(Error::config(format!(
+                    "cron {:?} is configured twice: give each entry its own name",
+                    entry.entry_name()
+                )));
+            }
         }
         for (name, steps) in &self.step_rates {
             if !self.workflows.contains_key(name) {
@@ -315,6 +339,7 @@ impl EngineBuilder {
         Ok(Engine {
             ctx: Arc::new(Context::new(store, self.cfg, workflows)),
             node: Default::default(),
+            cron: Default::default(),
             here: Default::default(),
         })
     }

@@ -2,6 +2,7 @@
 //! builder, and starting or stopping this process's worker node.
 
 mod builder;
+mod cron;
 mod insert;
 mod status;
 
@@ -32,6 +33,8 @@ pub struct Engine {
     pub(crate) ctx: Arc<Context>,
     /// This process's worker node, once started.
     node: Arc<Mutex<Option<Node>>>,
+    /// Its cron service, when schedules are configured.
+    cron: Arc<Mutex<Option<cron::Cron>>>,
     /// The running node's state, for inserts that start rows here.
     here: Arc<StdMutex<Weak<node::Shared>>>,
 }
@@ -73,6 +76,7 @@ impl Engine {
             let started = Node::start(self.ctx.clone()).await?;
             *self.here.lock().unwrap_or_else(|p| p.into_inner()) = Arc::downgrade(started.shared());
             *node = Some(started);
+            *self.cron.lock().await = cron::Cron::start(self.ctx.clone())?;
         }
         Ok(())
     }
@@ -81,6 +85,9 @@ impl Engine {
     /// (steps still running then are aborted and recorded as errors), write
     /// every outcome and hand back rows that never started.
     pub async fn shutdown(&self) -> Result<()> {
+        if let Some(cron) = self.cron.lock().await.take() {
+            cron.stop().await;
+        }
         let node = self.node.lock().await.take();
         match node {
             Some(node) => node.stop().await,

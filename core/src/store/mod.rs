@@ -66,6 +66,8 @@ macro_rules! queries {
 queries! {
     // Inserts.
     insert, unique_holders, next_ids, copy_in, orphans, key_room, rate_room, notify_queues,
+    // Periodic workflows.
+    cron_register, cron_lock, cron_advance,
     // Claims and outcomes.
     handoff, held_by_node,
     // The client.
