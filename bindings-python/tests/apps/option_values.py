@@ -9,8 +9,11 @@ Each seed draws values for the options of an insert and of an engine: at the
 limits the core documents (names of 255 bytes, keys of 1024, priorities 0 to
 9, attempts up to 2**31 - 1), just past them, and of every wrong type. An
 insert must either go in and read back with the values given, or raise
-``InvalidInput`` whose ``field`` is the option; an engine must either be made
-or raise ``InvalidConfig`` naming the option. Prints ``ok N`` and exits 0; on
+``InvalidInput`` whose ``field`` is the option (or, for ``unique``, one of its
+parts: ``unique.fields``...); an engine must either be made or raise
+``InvalidConfig`` naming the option. A unique insert (``unique``,
+``idempotency_key``) that went in is repeated: the repeat must report the
+same instance, with ``conflict`` true. Prints ``ok N`` and exits 0; on
 anything else, prints the seed, the value and what happened, and exits 1.
 """
 
@@ -23,7 +26,7 @@ import uuid
 from typing import Any, Callable
 
 import gendurable
-from gendurable import InvalidConfig, InvalidInput
+from gendurable import InvalidConfig, InvalidInput, Unique
 
 NAME_BYTES = 255  # core/src/validate.rs
 KEY_BYTES = 1024
@@ -173,6 +176,74 @@ def a_time(r: random.Random) -> Any:
     )
 
 
+STATUSES = [
+    "scheduled",
+    "available",
+    "executing",
+    "awaiting",
+    "completed",
+    "cancelled",
+    "discarded",
+]
+
+
+def some_fields(r: random.Random) -> Any:
+    return r.choice(
+        [
+            None,
+            [],
+            ["account"],
+            [a_name(r) for _ in range(r.randint(1, 3))],
+            [f"f{i}" for i in range(r.choice([64, 65]))],
+            "account",
+            [1],
+            wrong_type(r),
+        ]
+    )
+
+
+def some_states(r: random.Random) -> Any:
+    return r.choice(
+        [
+            None,
+            "active",
+            "all",
+            "done",
+            r.sample(STATUSES, r.randint(0, len(STATUSES))),
+            [*STATUSES[:4], r.choice(STATUSES)],
+            ["finished"],
+            [None],
+            wrong_type(r),
+        ]
+    )
+
+
+def a_unique(r: random.Random) -> Any:
+    kind = r.randrange(8)
+    if kind == 0:
+        return r.choice([wrong_type(r), {"fields": ["a"]}, "unique"])
+    if kind == 1:
+        return Unique()
+    return Unique(
+        fields=some_fields(r) if r.random() < 0.5 else None,
+        period=r.choice([None, a_duration(r), 3600, dt.timedelta(hours=1)]),
+        states=some_states(r) if r.random() < 0.5 else None,
+    )
+
+
+def an_idempotency_key(r: random.Random) -> Any:
+    return r.choice(
+        [
+            text(r, r.choice([1, KEY_BYTES])),
+            text(r, KEY_BYTES + 1),
+            "",
+            "k\x00",
+            f"charge:{r.randint(0, 5)}",
+            wrong_type(r),
+        ]
+    )
+
+
 INSERT: dict[str, Callable[[random.Random], Any]] = {
     "workflow": a_name,
     "step": a_name,
@@ -183,6 +254,8 @@ INSERT: dict[str, Callable[[random.Random], Any]] = {
     "rate_limit": lambda r: a_key(r, r.choice(["rated", "other"])),
     "schedule_in": a_duration,
     "scheduled_at": a_time,
+    "unique": a_unique,
+    "idempotency_key": an_idempotency_key,
     "state": lambda r: r.choice(
         [
             {"a": [1, "x", None]},
@@ -206,7 +279,7 @@ def check_insert(engine: gendurable.Engine, r: random.Random) -> str | None:
     try:
         id_ = engine.insert(**args)
     except InvalidInput as e:
-        if e.field != option:
+        if e.field != option and not e.field.startswith(f"{option}."):
             return f"{option}={value!r:.120}: InvalidInput names {e.field!r}: {e}"
         return None
     except Exception as e:  # anything else is a failure
@@ -214,6 +287,8 @@ def check_insert(engine: gendurable.Engine, r: random.Random) -> str | None:
     got = engine.get(id_)
     if value is None:  # left out: the default
         return None
+    if option in ("unique", "idempotency_key"):
+        return check_repeat(engine, args, id_, r)
     if option == "schedule_in":
         return (
             None
@@ -227,6 +302,32 @@ def check_insert(engine: gendurable.Engine, r: random.Random) -> str | None:
     want = f"{value[0]}:{value[1]}" if isinstance(value, tuple) else value
     have = got.state if option == "state" else getattr(got, option)
     return None if have == want else f"{option}={value!r:.120}: read back {have!r:.120}"
+
+
+def check_repeat(
+    engine: gendurable.Engine, args: dict[str, Any], id_: Any, r: random.Random
+) -> str | None:
+    """A unique insert that went in, repeated (alone or twice in a batch):
+    the same instance, told as a conflict; only a period's window may have
+    turned in between."""
+    what = f"{args!r:.160}"
+    if not isinstance(id_, gendurable.Inserted):
+        return f"{what}: insert returned {type(id_).__name__}"
+    try:
+        if r.random() < 0.5:
+            again = [engine.insert(**args)]
+        else:
+            again = engine.insert_many([gendurable.NewInstance(**args)] * 2)
+    except Exception as e:
+        return f"{what}: repeated: {type(e).__name__}: {e}"
+    unique = args.get("unique")
+    windowed = isinstance(unique, Unique) and unique.period is not None
+    for a in again:
+        if (a.id, a.conflict) != (id_.id, True) and not windowed:
+            return f"{what}: repeated: {a!r}, first {id_!r}"
+    if len(again) == 2 and (again[1].id, again[1].conflict) != (again[0].id, True):
+        return f"{what}: a duplicate in the batch: {again!r}"
+    return None
 
 
 ENGINE: dict[str, tuple[str, Callable[[random.Random], Any]]] = {
