@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -22,3 +23,23 @@ def test_account_sync_example(database_url, schema):
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("completed: ") == 5
     assert "'approved': True" in out.stdout
+
+
+def test_idempotent_charges_example(database_url, schema):
+    env = {**os.environ, "DATABASE_URL": database_url, "EXAMPLE_SCHEMA": schema}
+    out = subprocess.run(
+        [sys.executable, str(EXAMPLES / "idempotent_charges.py")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "20 requests for 5 orders" in out.stdout
+    assert out.stdout.count("completed, charged 1 time(s)") == 5
+    retry = re.search(
+        r"a retry after the charge: Inserted\(id=(\d+), conflict=(\w+)\)"
+        r" \(the charge of order 1: (\d+)\)",
+        out.stdout,
+    )
+    assert retry and retry[1] == retry[3] and retry[2] == "True", out.stdout
