@@ -110,12 +110,14 @@ class Saturated(Error):
 
 
 class Contended(Error):
-    """Concurrent writers kept a call from finishing; nothing was written.
+    """Concurrent writers kept a unique insert from finishing.
 
     A unique insert (or an idempotency key) met a holder of its identity
     that finished, and so stopped holding it, before the insert could read
-    it back, several times in a row. It is transient: retrying the call
-    succeeds (``transient`` is always true).
+    it back, five times in a row: those rows were not inserted (the other
+    rows of an ``insert_many`` were). It is transient: retrying succeeds
+    (``transient`` is always true); a retried batch reports its unique rows
+    already in as conflicts.
     """
 
     transient = True
