@@ -110,6 +110,8 @@ pub struct EngineConfig {
     pub(crate) workflow_defaults: BTreeMap<String, WorkflowDefaults>,
     /// Periodic workflows this node inserts.
     pub(crate) cron: Vec<CronEntry>,
+    /// Per workflow, per step: how long it may run.
+    pub(crate) step_timeouts: BTreeMap<String, BTreeMap<String, Duration>>,
 }
 
 impl Default for EngineConfig {
@@ -131,7 +133,20 @@ impl Default for EngineConfig {
             backoff_max: Duration::from_secs(3600),
             workflow_defaults: BTreeMap::new(),
             cron: Vec::new(),
+            step_timeouts: BTreeMap::new(),
         }
+    }
+}
+
+impl EngineConfig {
+    /// How long a step of `workflow` may run: the step's own timeout, else
+    /// the workflow's, else none.
+    pub(crate) fn timeout_of(&self, workflow: &str, step: &str) -> Option<Duration> {
+        self.step_timeouts
+            .get(workflow)
+            .and_then(|steps| steps.get(step))
+            .copied()
+            .or_else(|| self.workflow_defaults.get(workflow)?.timeout)
     }
 }
 

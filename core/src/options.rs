@@ -75,6 +75,10 @@ pub struct EngineOptions {
     /// (see [`EngineBuilder::step_rate_limit`]).
     #[serde(deserialize_with = "de::nullable")]
     pub step_rate_limits: BTreeMap<String, BTreeMap<String, String>>,
+    /// Workflow name → step → milliseconds it may run (see
+    /// [`EngineBuilder::step_timeout`]).
+    #[serde(deserialize_with = "de::step_millis")]
+    pub step_timeouts: BTreeMap<String, BTreeMap<String, u64>>,
     /// Workflow name → its defaults (see [`EngineBuilder::workflow_defaults`]).
     #[serde(deserialize_with = "de::structs")]
     pub workflow_defaults: BTreeMap<String, WorkflowDefaultsOptions>,
@@ -197,6 +201,9 @@ pub struct WorkflowDefaultsOptions {
     pub max_attempts: Option<i32>,
     #[serde(default, deserialize_with = "de::opt_struct")]
     pub backoff: Option<BackoffOptions>,
+    /// Milliseconds a step may run (see [`WorkflowDefaults::timeout`]).
+    #[serde(default, deserialize_with = "de::opt_millis")]
+    pub timeout: Option<u64>,
 }
 
 /// Retry backoff: `{"base": 1000, "max": 3600000}`, in milliseconds.
@@ -279,12 +286,18 @@ impl EngineOptions {
                 b = b.step_rate_limit(workflow, step, key);
             }
         }
+        for (workflow, steps) in &self.step_timeouts {
+            for (step, t) in steps {
+                b = b.step_timeout(workflow, step, ms(*t));
+            }
+        }
         for (workflow, d) in &self.workflow_defaults {
             let defaults = WorkflowDefaults {
                 queue: d.queue.clone(),
                 priority: d.priority,
                 max_attempts: d.max_attempts,
                 backoff: d.backoff.as_ref().map(|bo| (ms(bo.base), ms(bo.max))),
+                timeout: d.timeout.map(ms),
             };
             b = b.workflow_defaults(workflow, defaults);
         }
@@ -767,7 +780,7 @@ mod de {
 
     impl Described for WorkflowDefaultsOptions {
         const WHAT: &'static str =
-            "a map with queue, priority, max_attempts and backoff, each optional";
+            "a map with queue, priority, max_attempts, backoff and timeout, each optional";
     }
 
     impl Described for BackoffOptions {
@@ -1066,6 +1079,27 @@ mod de {
         fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
             count(d).map(Count)
         }
+    }
+
+    /// Milliseconds read by `millis`, in maps.
+    struct Millis(u64);
+
+    impl<'de> Deserialize<'de> for Millis {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            millis(d).map(Millis)
+        }
+    }
+
+    /// Name → name → milliseconds; `null` is empty.
+    pub(super) fn step_millis<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<BTreeMap<String, BTreeMap<String, u64>>, D::Error> {
+        let map: Option<BTreeMap<String, BTreeMap<String, Millis>>> = Option::deserialize(d)?;
+        Ok(map
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(w, steps)| (w, steps.into_iter().map(|(s, Millis(m))| (s, m)).collect()))
+            .collect())
     }
 
     /// Name → count; `null` is empty.
@@ -1440,7 +1474,9 @@ mod tests {
             "rate_limits": {"openai": {"limit": 100, "period": 60000, "burst": 10}},
             "step_rate_limits": {"Summarize": {"call_api": "openai:default"}},
             "workflow_defaults": {"Summarize": {"queue": "ai", "priority": 1, "max_attempts": 3,
-                                                "backoff": {"base": 10, "max": 20}}},
+                                                "backoff": {"base": 10, "max": 20},
+                                                "timeout": 30000}},
+            "step_timeouts": {"Summarize": {"call_api": 5000}},
             "poll_interval": 500,
             "heartbeat_interval": 1000,
             "lease": 5000,

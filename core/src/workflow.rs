@@ -44,6 +44,10 @@ pub struct WorkflowDefaults {
     /// Retry backoff (base, max) of this workflow's errors (else the
     /// engine's).
     pub backoff: Option<(Duration, Duration)>,
+    /// How long one of its steps may run before it is stopped and recorded
+    /// as an error of kind `timeout` (retried like any error); a step's own
+    /// ([`crate::EngineBuilder::step_timeout`]) wins. None: no limit.
+    pub timeout: Option<Duration>,
 }
 
 impl WorkflowDefaults {
@@ -58,6 +62,11 @@ impl WorkflowDefaults {
         }
         if let Some(n) = self.max_attempts {
             validate::max_attempts("max_attempts", n).map_err(at)?;
+        }
+        if self.timeout.is_some_and(|t| t.is_zero()) {
+            return Err(Error::config(format!(
+                "workflow_defaults {workflow:?}: timeout must be longer than zero"
+            )));
         }
         if let Some((base, max)) = self.backoff {
             if base.is_zero() || max < base {

@@ -14,6 +14,7 @@ fn charge_defaults() -> WorkflowDefaults {
         priority: Some(2),
         max_attempts: Some(3),
         backoff: Some((Duration::from_millis(5), Duration::from_millis(10))),
+        timeout: None,
     }
 }
 

@@ -1,7 +1,8 @@
 -- Cancel one instance. Not yet started: cancelled now. Executing, or reserved
--- by a node as a successor (it may already run): flagged, and its outcome
--- records it as cancelled. Returns the previous status, or no row when the
--- instance is unknown.
+-- by a node as a successor (it may already run): flagged, its outcome records
+-- it as cancelled, and the nodes are told on channel $3 (on commit), so that
+-- the one running it stops the step. Returns the previous status, or no row
+-- when the instance is unknown.
 WITH prev AS (
     SELECT id, status, errors, (status = 'executing' OR (status = 'available' AND node IS NOT NULL)) AS held
     FROM __S__.instances WHERE id = $1 FOR UPDATE
@@ -16,5 +17,8 @@ WITH prev AS (
     FROM prev p
     WHERE i.id = p.id AND p.status NOT IN ('completed', 'cancelled', 'discarded')
     RETURNING i.id
+), told AS (
+    SELECT pg_notify($3, p.id::text) FROM prev p
+    WHERE p.held AND p.status NOT IN ('completed', 'cancelled', 'discarded')
 )
-SELECT status FROM prev
+SELECT status, (SELECT count(*) FROM told) AS told FROM prev

@@ -209,6 +209,24 @@ impl EngineBuilder {
         self
     }
 
+    /// How long a step of a registered workflow may run before it is
+    /// stopped (an async step is cancelled at its next `.await`) and recorded
+    /// as an error of kind `timeout`, retried like any error. Wins over the
+    /// workflow's [`WorkflowDefaults::timeout`].
+    pub fn step_timeout(
+        mut self,
+        workflow: impl Into<String>,
+        step: impl Into<String>,
+        timeout: Duration,
+    ) -> Self {
+        self.cfg
+            .step_timeouts
+            .entry(workflow.into())
+            .or_default()
+            .insert(step.into(), timeout);
+        self
+    }
+
     /// A periodic workflow: each tick of the entry's schedule inserts its
     /// instance once, cluster-wide (see [`CronEntry`] and docs/cron.md).
     /// Every node that runs the engine with it tries; the database decides.
@@ -262,6 +280,18 @@ impl EngineBuilder {
             return Err(Error::config(format!(
                 "workflow_defaults: no workflow named {name:?} is registered"
             )));
+        }
+        for (name, steps) in &self.cfg.step_timeouts {
+            if !self.workflows.contains_key(name) {
+                return Err(Error::config(format!(
+                    "step_timeout: no workflow named {name:?} is registered"
+                )));
+            }
+            if let Some((step, _)) = steps.iter().find(|(_, t)| t.is_zero()) {
+                return Err(Error::config(format!(
+                    "step_timeout {name:?}/{step:?}: must be longer than zero"
+                )));
+            }
         }
         let mut names = std::collections::BTreeSet::new();
         for entry in &self.cfg.cron {

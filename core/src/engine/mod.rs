@@ -231,8 +231,11 @@ impl Engine {
         Ok(row.try_get::<i64, _>(0)? as u64)
     }
 
-    /// Cancel an instance. One that is not executing is cancelled at once;
-    /// an executing one when its step's outcome is written.
+    /// Cancel an instance. One that is not executing is cancelled at once.
+    /// An executing one is cancelled when its step's outcome is written; the
+    /// node running it is told and stops the step (an async step at its next
+    /// `.await`), so that outcome comes at once. A node that misses the word
+    /// (its LISTEN connection down) lets the step finish.
     pub async fn cancel(&self, id: i64) -> Result<Cancelled> {
         self.cancel_with_reason(id, "cancelled").await
     }
@@ -242,6 +245,7 @@ impl Engine {
         let row = sqlx::query(&self.ctx.store.sql.cancel)
             .bind(id)
             .bind(reason)
+            .bind(&self.ctx.store.sql.cancel_channel)
             .fetch_optional(&self.ctx.store.pool)
             .await?;
         let Some(row) = row else {

@@ -1,12 +1,12 @@
 //! Running a claimed row's step, and starting its key's successor in the
 //! slot it frees.
 
-use super::{lock, panic_message, Running, Shared};
+use super::{lock, panic_message, Running, Shared, Stop};
 use crate::outcome::{Claimed, OutcomeRow, Promotion};
 use crate::stats::Stats;
 use crate::transition::{Transition, Wake};
 use crate::workflow::StepContext;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Instant;
 use tokio::sync::{oneshot, OwnedSemaphorePermit};
 use tokio_util::sync::CancellationToken;
@@ -98,21 +98,36 @@ pub(super) fn spawn_step(
         let (step, state) = (row.step.clone(), row.state.clone());
         let wf = workflow.clone();
         let began = Instant::now();
-        let user = tokio::spawn(async move { wf.step(&step, state, ctx).await });
+        let mut user = tokio::spawn(async move { wf.step(&step, state, ctx).await });
         let ended = CancellationToken::new();
+        let stopped = Arc::new(StdMutex::new(None));
         lock(&sh.running).insert(
             row.id,
             Running {
                 token: row.token,
                 abort: user.abort_handle(),
+                stopped: stopped.clone(),
                 ended: ended.clone(),
             },
         );
         let _ended = ended.drop_guard();
-        let result = user.await;
+        // A step past its timeout is stopped at its next await (a step
+        // that never awaits runs on; its outcome is the timeout all the same).
+        let (result, timed_out) = match sh.ctx.cfg.timeout_of(&row.workflow, &row.step) {
+            None => ((&mut user).await, None),
+            Some(limit) => tokio::select! {
+                r = &mut user => (r, None),
+                _ = tokio::time::sleep(limit) => {
+                    user.abort();
+                    ((&mut user).await, Some(limit))
+                }
+            },
+        };
         sh.prefetch[&row.queue].ran(began.elapsed());
         forget_running(&sh, &row);
-        if result.as_ref().is_err_and(|j| j.is_cancelled()) && !sh.shutdown.is_cancelled() {
+        let stop = *lock(&stopped);
+        let aborted = result.as_ref().is_err_and(|j| j.is_cancelled());
+        if aborted && timed_out.is_none() && stop.is_none() && !sh.shutdown.is_cancelled() {
             // Stopped because this claim is no longer the node's (the row
             // was rescued, or claimed here again): nothing to record.
             forget_held(&sh, &row);
@@ -134,12 +149,26 @@ pub(super) fn spawn_step(
             Err(j) if j.is_panic() => {
                 OutcomeRow::failure(&row, cfg, "panic", format!("panic: {}", panic_message(j)))
             }
-            Err(_) => OutcomeRow::failure(
+            Err(_) if stop == Some(Stop::Cancelled) => OutcomeRow::failure(
                 &row,
                 cfg,
-                "shutdown",
-                "aborted: the step did not finish within the shutdown timeout".into(),
+                "cancel",
+                "cancelled while running: the step was stopped".into(),
             ),
+            Err(_) => match timed_out {
+                Some(limit) => OutcomeRow::failure(
+                    &row,
+                    cfg,
+                    "timeout",
+                    format!("step {:?} timed out after {limit:?}", row.step),
+                ),
+                None => OutcomeRow::failure(
+                    &row,
+                    cfg,
+                    "shutdown",
+                    "aborted: the step did not finish within the shutdown timeout".into(),
+                ),
+            },
         };
         let next = if sh.shutdown.is_cancelled() || !sh.live.is_live() {
             sh.successors(|s| s.release(&row));

@@ -1,6 +1,6 @@
 //! The LISTEN task: wake-ups from inserts, outcomes and other nodes.
 
-use super::{Backoff, Shared};
+use super::{lock, Backoff, Shared, Stop};
 use sqlx::postgres::PgListener;
 use std::sync::Arc;
 
@@ -11,7 +11,11 @@ pub(super) async fn listen(sh: Arc<Shared>) {
     loop {
         let connected = async {
             let mut l = PgListener::connect_with(&sh.ctx.store.pool).await?;
-            l.listen(&sh.ctx.store.sql.channel).await?;
+            l.listen_all([
+                sh.ctx.store.sql.channel.as_str(),
+                sh.ctx.store.sql.cancel_channel.as_str(),
+            ])
+            .await?;
             Ok::<_, sqlx::Error>(l)
         }
         .await;
@@ -33,6 +37,9 @@ pub(super) async fn listen(sh: Arc<Shared>) {
                 _ = sh.shutdown.cancelled() => return,
             };
             match received {
+                Ok(Some(n)) if n.channel() == sh.ctx.store.sql.cancel_channel => {
+                    cancelled(&sh, n.payload())
+                }
                 Ok(Some(n)) if n.payload().is_empty() => sh.wake_all(),
                 Ok(Some(n)) if n.payload().starts_with('*') => {
                     if n.payload()[1..] != sh.ctx.cfg.node_id {
@@ -48,5 +55,17 @@ pub(super) async fn listen(sh: Arc<Shared>) {
                 Err(_) => break,
             }
         }
+    }
+}
+
+/// An instance was cancelled: stop its step if it runs here. Its outcome,
+/// written as for any stopped step, records the cancellation.
+fn cancelled(sh: &Shared, payload: &str) {
+    let Ok(id) = payload.parse::<i64>() else {
+        return;
+    };
+    if let Some(r) = lock(&sh.running).get(&id) {
+        tracing::debug!(id, "stopping a cancelled instance's step");
+        r.stop(Stop::Cancelled);
     }
 }

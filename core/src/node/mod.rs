@@ -77,12 +77,28 @@ pub(crate) struct Shared {
     check_lost: AtomicBool,
 }
 
-/// A step running here: its claim token, a handle to stop it, and a token
-/// cancelled once it has ended.
+/// A step running here: its claim token, a handle to stop it, why it was
+/// stopped, and a token cancelled once it has ended.
 struct Running {
     token: i64,
     abort: AbortHandle,
+    stopped: Arc<StdMutex<Option<Stop>>>,
     ended: CancellationToken,
+}
+
+/// Why a running step was stopped before it returned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stop {
+    /// Its instance was cancelled: the outcome records the cancellation.
+    Cancelled,
+}
+
+impl Running {
+    /// Stop the step, saying why (the first reason given stays).
+    fn stop(&self, why: Stop) {
+        lock(&self.stopped).get_or_insert(why);
+        self.abort.abort();
+    }
 }
 
 impl Node {

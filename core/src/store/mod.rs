@@ -46,6 +46,8 @@ macro_rules! queries {
         pub(crate) struct Sql {
             /// The LISTEN/NOTIFY channel of this schema.
             pub channel: String,
+            /// The channel that tells nodes an instance they run was cancelled.
+            pub cancel_channel: String,
             $(pub $name: String,)*
         }
 
@@ -53,6 +55,7 @@ macro_rules! queries {
             pub fn new(schema: &str) -> Sql {
                 Sql {
                     channel: format!("{schema}_wake"),
+                    cancel_channel: format!("{schema}_cancel"),
                     $($name: in_schema(
                         include_str!(concat!("../../sql/queries/", stringify!($name), ".sql")),
                         schema,
