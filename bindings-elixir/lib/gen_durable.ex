@@ -219,6 +219,14 @@ defmodule GenDurable do
   @typedoc "A concurrency or rate-limit key: a string, or `{name, id}` for `\"name:id\"`."
   @type key :: String.t() | {atom | String.t(), String.Chars.t()}
 
+  @typedoc """
+  What an insert reports for one instance: its id, or, for an insert given
+  `:unique` or `:idempotency_key`, `%{id: id, conflict?: conflict}`, where
+  `conflict?` says that an existing instance holds the identity (the id is
+  then that instance's, and nothing was inserted).
+  """
+  @type inserted :: integer | %{id: integer, conflict?: boolean}
+
   @type step_result ::
           {:next, String.t(), map}
           | {:next, String.t(), map,
@@ -420,9 +428,10 @@ defmodule GenDurable do
 
   @doc """
   Inserts an instance of `workflow` (a module using `GenDurable`, or a
-  workflow name as a string). Returns `{:ok, id}`. A module that does not
-  use `GenDurable` is refused; a workflow only other nodes define (in Rust,
-  Python or another release) is inserted by its name.
+  workflow name as a string). Returns `{:ok, id}`, or `{:ok, %{id: id,
+  conflict?: boolean}}` for a unique insert (see below). A module that does
+  not use `GenDurable` is refused; a workflow only other nodes define (in
+  Rust, Python or another release) is inserted by its name.
 
   Options:
 
@@ -434,6 +443,12 @@ defmodule GenDurable do
     * `:rate_limit` — a rate-limit key for the first step
     * `:schedule_in` (ms) or `:scheduled_at` (`DateTime`, or an RFC 3339 string)
     * `:max_attempts` — attempts per step; default: the workflow's, else 20
+    * `:unique` — insert nothing if an instance with the same identity
+      exists: `[fields: [:account], period: ms, states: :active]`, each
+      optional; `true` or `[]` for the defaults, `false` or `nil` for a
+      plain insert. See "Unique inserts" below.
+    * `:idempotency_key` — a string (1 to 1024 bytes): at most one instance
+      with this key
     * `:engine` — the engine's name (default `GenDurable`)
 
   Only the options given are passed: the core fills in the rest, from the
@@ -442,43 +457,94 @@ defmodule GenDurable do
   (`gendurable::options::InsertOptions`) and the values; an error names the
   option in its `:field`.
 
+  ## Unique inserts
+
+  An insert given `:unique` or `:idempotency_key` inserts nothing when an
+  instance holding the same identity exists, and reports that instance:
+  it returns `{:ok, %{id: id, conflict?: true}}` then, `{:ok, %{id: id,
+  conflict?: false}}` when it inserted.
+
+    * The identity is the idempotency key when there is one; otherwise the
+      workflow, the concurrency key and the state: all of it, or the
+      top-level fields named by `fields:` (atoms or strings; a missing field
+      counts as `nil`).
+    * `period: ms` (at least 1 000) adds the window of that length the
+      database's clock is in: duplicates are refused within the same fixed
+      window, aligned on the Unix epoch (not a sliding one).
+    * `states:` — the statuses in which an instance holds its identity:
+      `:active` (scheduled, available, executing, awaiting: until it
+      finishes), `:all` (as long as it is kept) or a list that includes the
+      active four. Default: the active ones and `:completed` (a cancelled or
+      discarded instance lets a new one in). An idempotency key takes
+      `unique: [states: ...]` too.
+
+  The database enforces it with a unique index: two racing inserts of one
+  identity, on any nodes, give one instance, and both are told its id. The
+  core checks the options; a bad one is an `:invalid_input` error whose
+  `:field` is `:unique`, `:"unique.fields"`, `:"unique.period"`,
+  `:"unique.states"` or `:idempotency_key`. An insert may fail with kind
+  `:contended` when the instances holding its identity kept finishing
+  while it ran; retrying succeeds.
+
   ## Example
 
       {:ok, id} = GenDurable.insert(Account.Sync, state: %{account: 42}, concurrency_key: {:account, 42})
+
+      {:ok, %{id: id, conflict?: false}} = GenDurable.insert(Charge, idempotency_key: "charge:42")
+      {:ok, %{id: ^id, conflict?: true}} = GenDurable.insert(Charge, idempotency_key: "charge:42")
   """
-  @spec insert(module | String.t(), keyword) :: {:ok, integer} | {:error, Error.t()}
+  @spec insert(module | String.t(), keyword) :: {:ok, inserted} | {:error, Error.t()}
   def insert(workflow, opts \\ []) do
     with {:ok, engine} <- engine(opts),
          {:ok, new} <- new_instance(workflow, opts),
-         {:ok, [id]} <- native(&Native.insert_many(engine, [new], &1)) do
-      {:ok, id}
+         {:ok, [inserted]} <- native(&Native.insert_many(engine, [new], &1)) do
+      {:ok, inserted(opts, inserted)}
     end
   end
 
   @doc "Like `insert/2`, raising `GenDurable.Error`."
-  @spec insert!(module | String.t(), keyword) :: integer
+  @spec insert!(module | String.t(), keyword) :: inserted
   def insert!(workflow, opts \\ []), do: bang(insert(workflow, opts))
 
   @doc """
   Inserts many instances in one round trip: a list of `{workflow, opts}`.
-  All are inserted or none. Returns `{:ok, ids}` in order.
+  All are inserted or none. Returns `{:ok, results}` in order: an id for
+  each plain insert, `%{id: id, conflict?: boolean}` for each given
+  `:unique` or `:idempotency_key` (see `insert/2`). Two instances of the
+  batch with the same identity: the first is inserted, the later ones
+  report it (`conflict?: true`).
 
       GenDurable.insert_all(for i <- 1..100, do: {Account.Sync, state: %{account: i}})
   """
   @spec insert_all([{module | String.t(), keyword}], keyword) ::
-          {:ok, [integer]} | {:error, Error.t()}
+          {:ok, [inserted]} | {:error, Error.t()}
   def insert_all(instances, opts \\ []) when is_list(instances) do
     with {:ok, engine} <- engine(opts),
          {:ok, news} <- new_instances(instances) do
       case news do
-        [] -> {:ok, []}
-        _ -> native(&Native.insert_many(engine, news, &1))
+        [] ->
+          {:ok, []}
+
+        _ ->
+          with {:ok, all} <- native(&Native.insert_many(engine, news, &1)) do
+            {:ok, Enum.zip_with(instances, all, fn {_, o}, i -> inserted(o, i) end)}
+          end
       end
     end
   end
 
   @doc "Like `insert_all/2`, raising `GenDurable.Error`."
+  @spec insert_all!([{module | String.t(), keyword}], keyword) :: [inserted]
   def insert_all!(instances, opts \\ []), do: bang(insert_all(instances, opts))
+
+  # An insert's result: its id, or with its conflict flag for a unique one.
+  defp inserted(opts, {id, conflict}) do
+    if unique?(opts), do: %{id: id, conflict?: conflict}, else: id
+  end
+
+  defp unique?(opts),
+    do:
+      Keyword.get(opts, :unique) not in [nil, false] or Keyword.get(opts, :idempotency_key) != nil
 
   @doc """
   Reads an instance: `{:ok, %GenDurable.Instance{}}`, or an error of kind
@@ -562,26 +628,37 @@ defmodule GenDurable do
             concurrency_key: {:account, order.account_id}
           )
 
-        %{rows: [[instance_id]]} = Repo.query!(sql, params)
+        %{rows: [[instance_id, false]]} = Repo.query!(sql, params)
       end)
 
-  The statement calls the SQL function `<schema>.enqueue(...)` (see "Enqueue
-  in the application's own transaction" in `docs/operations.md`): the row
-  appears, and the engines' pickers of its queue are woken, when the
-  transaction commits; a rollback leaves nothing. It returns the instance's
-  id.
+  The statement, `SELECT id, conflict FROM "<schema>".enqueue(...)`, calls
+  the SQL function `<schema>.enqueue(...)` (see "Enqueue in the
+  application's own transaction" in `docs/operations.md`): the row appears,
+  and the engines' pickers of its queue are woken, when the transaction
+  commits; a rollback leaves nothing. It returns one row, `[id, conflict]`:
+  `Repo.query!/2` gives `%{rows: [[id, false]]}` for an instance inserted.
+  Given `:unique` or `:idempotency_key` (as for `insert/2`), an instance
+  holding the identity makes it insert nothing and return
+  `[[holder_id, true]]` (while another transaction inserts the same
+  identity, the statement waits for it to commit or roll back). Identities
+  are shared with `insert/2` and every other front door.
 
   `workflow` is a module using `GenDurable` or a workflow name; `state` a
   map (default `%{}`). Options: `:step`, `:queue`, `:priority`,
   `:concurrency_key` (`"stripe:7"` or `{:stripe, 7}`), `:rate_limit`,
   `:max_attempts`, `:schedule_in` (ms, from the transaction's start) or
-  `:scheduled_at` (`DateTime`, or an RFC 3339 string), as for `insert/2`,
-  and `:schema`, the engine's schema (default `"gendurable"`).
+  `:scheduled_at` (`DateTime`, or an RFC 3339 string), `:unique`
+  (`[fields: [...], period: ms, states: ...]`, `true` or `[]`) and
+  `:idempotency_key`, as for `insert/2`, and `:schema`, the engine's schema
+  (default `"gendurable"`).
 
   Only the options given become arguments; every value is a parameter,
   never statement text: the state is passed as JSON text (cast
-  `::text::jsonb`, so no JSON library is needed in Postgrex) and
-  `:scheduled_at` as RFC 3339 text. A module's declarations apply as in an
+  `::text::jsonb`, so no JSON library is needed in Postgrex),
+  `:scheduled_at` as RFC 3339 text, a unique insert as `"unique" => true`
+  and its fields and statuses as `text[]` (`states: :active` and `:all`
+  become their lists of statuses) and its period as milliseconds
+  (`unique_period => $n::bigint * interval '1 millisecond'`). A module's declarations apply as in an
   insert through an engine: its defaults (`use GenDurable, queue: ...,
   priority: ..., max_attempts: ...`) fill the options not given, and a rate
   limit it declares for the first step applies unless `:rate_limit` is
@@ -597,7 +674,8 @@ defmodule GenDurable do
   holds a NUL character, a schema that is not 1 to 48 characters of `a-z`,
   `0-9` and `_`.
   """
-  @spec enqueue_query(module | String.t(), map, keyword) :: {String.t(), [String.t() | integer]}
+  @spec enqueue_query(module | String.t(), map, keyword) ::
+          {String.t(), [String.t() | integer | boolean | [String.t()]]}
   def enqueue_query(workflow, state \\ %{}, opts \\ []) do
     with :ok <- insert_opts(opts),
          :ok <- enqueue_opts(opts),
@@ -694,14 +772,41 @@ defmodule GenDurable do
   # RFC 3339. The core checks every option; its messages name it.
   defp new_instance(workflow, opts) do
     with :ok <- insert_opts(opts),
-         {:ok, wf} <- workflow(workflow) do
-      {:ok,
-       opts
-       |> Keyword.delete(:engine)
-       |> Map.new(fn {k, v} -> {k, insert_value(k, v)} end)
-       |> Map.put(:workflow, wf)}
+         {:ok, wf} <- workflow(workflow),
+         {:ok, unique} <- unique(Keyword.get(opts, :unique)) do
+      new =
+        opts
+        |> Keyword.delete(:engine)
+        |> Map.new(fn {k, v} -> {k, insert_value(k, v)} end)
+        |> Map.put(:workflow, wf)
+
+      {:ok, if(Keyword.has_key?(opts, :unique), do: %{new | unique: unique}, else: new)}
     end
   end
+
+  # `unique:` as the core reads it (`gendurable::options::UniqueOptions`):
+  # a keyword list becomes a map, `true` the defaults (`%{}`), `false` no
+  # unique insert. The core checks the rest, values included.
+  defp unique(true), do: {:ok, %{}}
+  defp unique(false), do: {:ok, nil}
+
+  defp unique(opts) when is_list(opts) do
+    if Keyword.keyword?(opts) do
+      keys = Keyword.keys(opts)
+
+      case keys -- Enum.uniq(keys) do
+        [] ->
+          {:ok, Map.new(opts)}
+
+        [dup | _] ->
+          {:error, Error.input(:unique, "invalid unique: #{inspect(dup)} is given twice")}
+      end
+    else
+      {:ok, opts}
+    end
+  end
+
+  defp unique(other), do: {:ok, other}
 
   defp insert_opts(opts) do
     if is_list(opts) and Keyword.keyword?(opts) do
@@ -741,6 +846,8 @@ defmodule GenDurable do
     :max_attempts,
     :schedule_in,
     :scheduled_at,
+    :unique,
+    :idempotency_key,
     :schema
   ]
 
@@ -817,7 +924,7 @@ defmodule GenDurable do
       |> Enum.with_index(1)
       |> Enum.map_join(", ", fn {{name, _}, i} -> enqueue_argument(name, i) end)
 
-    ~s|SELECT "#{schema}".enqueue(#{arguments})|
+    ~s|SELECT id, conflict FROM "#{schema}".enqueue(#{arguments})|
   end
 
   defp enqueue_argument("state", i), do: "state => $#{i}::text::jsonb"
@@ -827,6 +934,13 @@ defmodule GenDurable do
 
   defp enqueue_argument("schedule_in", i),
     do: "scheduled_at => now() + $#{i}::bigint * interval '1 millisecond'"
+
+  defp enqueue_argument("unique", i), do: ~s|"unique" => $#{i}::boolean|
+  defp enqueue_argument("unique_fields", i), do: "unique_fields => $#{i}::text[]"
+  defp enqueue_argument("unique_states", i), do: "unique_states => $#{i}::text[]"
+
+  defp enqueue_argument("unique_period", i),
+    do: "unique_period => $#{i}::bigint * interval '1 millisecond'"
 
   defp enqueue_argument(name, i), do: "#{name} => $#{i}"
 

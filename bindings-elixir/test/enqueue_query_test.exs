@@ -8,7 +8,7 @@ defmodule GenDurable.EnqueueQueryTest do
   describe "the statement" do
     test "names only the options given, every value a parameter" do
       assert GenDurable.enqueue_query("Remote.Flow") ==
-               {~s|SELECT "gendurable".enqueue(workflow => $1, state => $2::text::jsonb)|,
+               {~s|SELECT id, conflict FROM "gendurable".enqueue(workflow => $1, state => $2::text::jsonb)|,
                 ["Remote.Flow", "{}"]}
 
       at = ~U[2030-01-01 12:00:00.250000Z]
@@ -26,7 +26,8 @@ defmodule GenDurable.EnqueueQueryTest do
         )
 
       assert sql ==
-               ~s|SELECT "app_jobs".enqueue(workflow => $1, state => $2::text::jsonb, | <>
+               ~s|SELECT id, conflict FROM "app_jobs".enqueue(| <>
+                 ~s|workflow => $1, state => $2::text::jsonb, | <>
                  ~s|step => $3, queue => $4, priority => $5::integer, concurrency_key => $6, | <>
                  ~s|rate_limit => $7, max_attempts => $8::integer, | <>
                  ~s|scheduled_at => $9::text::timestamptz)|
@@ -44,6 +45,62 @@ defmodule GenDurable.EnqueueQueryTest do
              ]
 
       assert {_, [_, _, 1500]} = GenDurable.enqueue_query("W", %{}, schedule_in: 1500)
+    end
+
+    test "unique options and idempotency keys become parameters" do
+      {sql, params} =
+        GenDurable.enqueue_query("W", %{a: 1},
+          concurrency_key: "k:1",
+          unique: [fields: [:a, "b"], period: 60_000, states: :active],
+          idempotency_key: "charge:42"
+        )
+
+      assert sql ==
+               ~s|SELECT id, conflict FROM "gendurable".enqueue(| <>
+                 ~s|workflow => $1, state => $2::text::jsonb, concurrency_key => $3, | <>
+                 ~s|"unique" => $4::boolean, unique_fields => $5::text[], | <>
+                 ~s|unique_period => $6::bigint * interval '1 millisecond', | <>
+                 ~s|unique_states => $7::text[], idempotency_key => $8)|
+
+      assert params == [
+               "W",
+               ~s|{"a":1}|,
+               "k:1",
+               true,
+               ["a", "b"],
+               60_000,
+               ["scheduled", "available", "executing", "awaiting"],
+               "charge:42"
+             ]
+
+      all = ~w(scheduled available executing awaiting completed cancelled discarded)
+
+      assert {_, ["W", "{}", true, ^all]} =
+               GenDurable.enqueue_query("W", %{}, unique: [states: :all])
+
+      assert {_, ["W", "{}", true, ["scheduled", "completed"]]} =
+               GenDurable.enqueue_query("W", %{}, unique: [states: [:scheduled, "completed"]])
+
+      for defaults <- [true, []] do
+        assert {sql, ["W", "{}", true]} = GenDurable.enqueue_query("W", %{}, unique: defaults)
+        assert sql =~ ~s|"unique" => $3::boolean)|
+      end
+
+      assert {_, ["W", "{}"]} = GenDurable.enqueue_query("W", %{}, unique: false)
+      assert {_, ["W", "{}", "k"]} = GenDurable.enqueue_query("W", %{}, idempotency_key: "k")
+
+      e = assert_raise Error, fn -> GenDurable.enqueue_query("W", %{}, unique: [keys: [:a]]) end
+      assert %Error{field: :unique, message: "invalid unique: unknown option \"keys\"" <> _} = e
+
+      e = assert_raise Error, fn -> GenDurable.enqueue_query("W", %{}, idempotency_key: "a\0") end
+      assert e.message == "invalid idempotency_key: must not contain NUL bytes"
+
+      e =
+        assert_raise Error, fn ->
+          GenDurable.enqueue_query("W", %{}, unique: [fields: ["a\0"]])
+        end
+
+      assert e.field == :"unique.fields"
     end
 
     test "a module's declared defaults and first step's rate limit apply unless given" do
@@ -102,9 +159,16 @@ defmodule GenDurable.EnqueueQueryTest do
     defp count(schema, id),
       do: sql(~s|SELECT count(*) FROM "#{schema}".instances WHERE id = #{id}|)
 
+    # The id of a row `id|f`: an instance inserted, not a conflict.
+    defp enqueued(row) do
+      [id, "f"] = String.split(row, "|")
+      String.to_integer(id)
+    end
+
     test "a rollback leaves nothing", %{schema: schema} do
       {sql, params} = GenDurable.enqueue_query(Steps, %{"mode" => "next_done"}, schema: schema)
-      assert {:ok, [id]} = sql_params(sql, params, "ROLLBACK")
+      assert {:ok, [row]} = sql_params(sql, params, "ROLLBACK")
+      assert [id, "f"] = String.split(row, "|")
       assert count(schema, id) == ["0"]
     end
 
@@ -112,8 +176,8 @@ defmodule GenDurable.EnqueueQueryTest do
       t = register()
       state = %{"mode" => "next_done", "test" => t}
       {sql, params} = GenDurable.enqueue_query(Steps, state, schema: schema)
-      assert {:ok, [id]} = sql_params(sql, params)
-      id = String.to_integer(id)
+      assert {:ok, [row]} = sql_params(sql, params)
+      id = enqueued(row)
 
       assert_receive {:gd, ^id, "start", _, _}, 10_000
       i = wait_status(e, id, :completed)
@@ -122,8 +186,8 @@ defmodule GenDurable.EnqueueQueryTest do
 
     test "the module's defaults are stored", %{engine: e, schema: schema} do
       {sql, params} = GenDurable.enqueue_query(Charge, %{}, schema: schema, schedule_in: 60_000)
-      assert {:ok, [id]} = sql_params(sql, params)
-      {:ok, i} = GenDurable.get(String.to_integer(id), engine: e)
+      assert {:ok, [row]} = sql_params(sql, params)
+      {:ok, i} = GenDurable.get(enqueued(row), engine: e)
       assert {i.queue, i.priority, i.max_attempts, i.status} == {"billing", 2, 5, :scheduled}
     end
 
@@ -132,6 +196,54 @@ defmodule GenDurable.EnqueueQueryTest do
       assert {:error, out} = sql_params(sql, params)
       assert out =~ "22023"
       assert out =~ "invalid priority: must be 0 to 9, got 12"
+    end
+
+    test "a unique enqueue meets the instance holding its identity", %{engine: e, schema: schema} do
+      state = %{"mode" => "cancel", "account" => unique()}
+
+      assert {:ok, %{id: holder, conflict?: false}} =
+               GenDurable.insert("Nobody.Runs",
+                 state: state,
+                 unique: [fields: [:account]],
+                 engine: e
+               )
+
+      {sql, params} =
+        GenDurable.enqueue_query("Nobody.Runs", Map.put(state, "other", 1),
+          schema: schema,
+          unique: [fields: [:account]]
+        )
+
+      assert {:ok, [row]} = sql_params(sql, params)
+      assert row == "#{holder}|t"
+
+      # By idempotency key: a cancelled holder lets a new instance in (the
+      # default statuses), which then holds the key for inserts too.
+      key = "charge:#{unique()}"
+      {sql, params} = GenDurable.enqueue_query(Steps, state, schema: schema, idempotency_key: key)
+      assert {:ok, [row]} = sql_params(sql, params)
+      first = enqueued(row)
+      wait_status(e, first, :cancelled)
+
+      {sql, params} =
+        GenDurable.enqueue_query("Nobody.Runs", %{}, schema: schema, idempotency_key: key)
+
+      assert {:ok, [row]} = sql_params(sql, params)
+      second = enqueued(row)
+      assert second != first
+
+      assert {:ok, %{id: ^second, conflict?: true}} =
+               GenDurable.insert(Steps, idempotency_key: key, engine: e)
+
+      # A bad list of statuses is the function's to refuse.
+      {sql, params} =
+        GenDurable.enqueue_query(Steps, %{}, schema: schema, unique: [states: [:scheduled]])
+
+      assert {:error, out} = sql_params(sql, params)
+      assert out =~ "22023"
+
+      assert out =~
+               "invalid unique.states: must include scheduled, available, executing and awaiting"
     end
 
     test "values travel as parameters, exactly", %{engine: e, schema: schema} do
@@ -145,8 +257,8 @@ defmodule GenDurable.EnqueueQueryTest do
       refute sql =~ "'"
       assert Regex.scan(~r/\$\d+/, sql) |> length() == length(params)
 
-      assert {:ok, [id]} = sql_params(sql, params)
-      i = wait_status(e, String.to_integer(id), :cancelled)
+      assert {:ok, [row]} = sql_params(sql, params)
+      i = wait_status(e, enqueued(row), :cancelled)
       assert i.state == state
       assert i.concurrency_key == key
     end

@@ -12,6 +12,9 @@ defmodule GenDurable.Error do
     * `:shut_down` — the engine is shutting down.
     * `:database` — the database failed or refused a statement, or the
       connection broke. Retrying later may succeed.
+    * `:contended` — concurrent writers kept a call from finishing (a
+      unique insert whose conflicting instances kept finishing under it);
+      nothing was written. Retrying succeeds.
     * `:migrate`, `:embedded`, `:internal` — schema migrations, the
       throwaway PostgreSQL, or a bug.
   * `:message` is a sentence for humans.

@@ -89,7 +89,11 @@ defmodule GenDurable.TestHelper do
   end
 
   defp literal(n) when is_integer(n), do: Integer.to_string(n)
+  defp literal(b) when is_boolean(b), do: Atom.to_string(b)
   defp literal(s) when is_binary(s), do: "'" <> String.replace(s, "'", "''") <> "'"
+
+  defp literal(l) when is_list(l),
+    do: "ARRAY[" <> Enum.map_join(l, ", ", &literal/1) <> "]::text[]"
 
   @doc "Waits for a condition that has no event (e.g. an outcome written)."
   def eventually(fun, timeout \\ 30_000) do

@@ -8,7 +8,8 @@ use crate::convert::{json_to_term, options_to_json, term_to_json};
 use crate::engine::{spawn_call, EngineRes};
 use crate::errors::{core_error, core_error_term, input_error, internal_error};
 use crate::runtime::{lock, ok_reply, reply};
-use gendurable::options::InsertOptions;
+use gendurable::options::{InsertOptions, UniqueStates};
+use gendurable::unique::{ACTIVE_STATUSES, ALL_STATUSES};
 use gendurable::{Cancelled, Instance, NewInstance, Status};
 use rustler::{Atom, Encoder, Env, ResourceArc, Term};
 use std::sync::Mutex;
@@ -24,9 +25,11 @@ fn new_instance(term: Term) -> gendurable::Result<NewInstance> {
     NewInstance::from_json(json)
 }
 
-/// Inserts instances, each a map of insert options. Replies `{:ok, [id]}`.
-/// Converting large states is CPU work, so this runs on a dirty CPU
-/// scheduler.
+/// Inserts instances, each a map of insert options. Replies `{:ok,
+/// [{id, conflict}]}`, in order: `conflict` is true when a unique insert or
+/// idempotency key met an instance holding its identity, whose id it is
+/// (nothing was inserted for it). Converting large states is CPU work, so
+/// this runs on a dirty CPU scheduler.
 #[rustler::nif(schedule = "DirtyCpu")]
 fn insert_many<'a>(
     env: Env<'a>,
@@ -47,8 +50,13 @@ fn insert_many<'a>(
         }
     }
     spawn_call(env, &res, reply_ref, |engine| async move {
-        match engine.insert_many(batch).await {
-            Ok(ids) => ok_reply(ids),
+        match engine.insert_many_unique(batch).await {
+            Ok(inserted) => ok_reply(
+                inserted
+                    .into_iter()
+                    .map(|i| (i.id, i.conflict))
+                    .collect::<Vec<_>>(),
+            ),
             Err(e) => core_error(e),
         }
     });
@@ -265,6 +273,8 @@ fn enqueue_args<'a>(env: Env<'a>, term: Term<'a>) -> Term<'a> {
                         Arg::Text(s) => s.encode(env),
                         Arg::Int(n) => n.encode(env),
                         Arg::Millis(ms) => ms.encode(env),
+                        Arg::Bool(b) => b.encode(env),
+                        Arg::List(l) => l.encode(env),
                     };
                     (name, v)
                 })
@@ -279,6 +289,8 @@ enum Arg {
     Text(String),
     Int(i64),
     Millis(u64),
+    Bool(bool),
+    List(Vec<String>),
 }
 
 fn enqueue_args_of(term: Term) -> gendurable::Result<Vec<(&'static str, Arg)>> {
@@ -333,6 +345,49 @@ fn enqueue_args_of(term: Term) -> gendurable::Result<Vec<(&'static str, Arg)>> {
     }
     if let Some(ms) = o.schedule_in {
         args.push(("schedule_in", Arg::Millis(ms)));
+    }
+    // A unique insert: `unique => true` for the defaults, then what it
+    // names; `"active"` and `"all"` become their statuses (the function
+    // takes a list).
+    if let Some(u) = o.unique {
+        args.push(("unique", Arg::Bool(true)));
+        if let Some(fields) = u.fields {
+            for f in fields.iter().filter(|f| f.contains('\0')) {
+                validate::name("unique.fields", f)?;
+            }
+            args.push(("unique_fields", Arg::List(fields)));
+        }
+        if let Some(ms) = u.period {
+            args.push(("unique_period", Arg::Millis(ms)));
+        }
+        if let Some(states) = u.states {
+            let statuses = match states {
+                UniqueStates::Active => ACTIVE_STATUSES.to_vec(),
+                UniqueStates::All => ALL_STATUSES.to_vec(),
+                UniqueStates::List(l) => l,
+            };
+            let names = statuses.iter().map(|s| s.as_str().to_owned()).collect();
+            args.push(("unique_states", Arg::List(names)));
+        }
+    }
+    if let Some(k) = o.idempotency_key {
+        if k.contains('\0') {
+            // As the core words it (`unique::validate_key`).
+            let reason = if k.len() > validate::MAX_KEY_BYTES {
+                format!(
+                    "is {} bytes long; the limit is {}",
+                    k.len(),
+                    validate::MAX_KEY_BYTES
+                )
+            } else {
+                "must not contain NUL bytes".to_owned()
+            };
+            return Err(gendurable::Error::InvalidInput {
+                field: "idempotency_key",
+                reason,
+            });
+        }
+        args.push(("idempotency_key", Arg::Text(k)));
     }
     Ok(args)
 }

@@ -35,6 +35,7 @@ fn kind_of(e: &gendurable::Error) -> (Atom, Option<&'static str>) {
         gendurable::Error::NotFound(_) => (atoms::not_found(), None),
         gendurable::Error::ShutDown => (atoms::shut_down(), None),
         gendurable::Error::Database(_) => (atoms::database(), None),
+        gendurable::Error::Contended(_) => (atoms::contended(), None),
         gendurable::Error::Migrate(_) => (atoms::migrate(), None),
         _ => (atoms::internal(), None),
     }

@@ -76,6 +76,7 @@ mod atoms {
         invalid_config,
         shut_down,
         database,
+        contended,
         migrate,
         embedded,
         internal,
