@@ -28,8 +28,9 @@ pub enum Error {
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
     /// Concurrent writers kept a call from finishing (a unique insert whose
-    /// conflicting instances kept finishing under it); nothing was written.
-    /// Retrying succeeds.
+    /// conflicting instances kept finishing under it). Nothing was inserted
+    /// (an insert inside the caller's transaction: roll it back). Retrying
+    /// succeeds.
     #[error("contended: {0}")]
     Contended(String),
     /// Running the schema migrations failed.

@@ -338,3 +338,38 @@ async fn racing_inserters_on_two_nodes_agree_on_one_row_per_identity() {
         e.shutdown().await.unwrap();
     }
 }
+
+/// Two batches sharing identities in opposite orders: each takes them in key
+/// order, so neither holds what the other waits for (no deadlock error).
+#[tokio::test]
+async fn batches_in_opposite_orders_do_not_deadlock() {
+    let url = support::url();
+    let schema = support::schema("unique_order");
+    let a = engine(&url, &schema).await;
+    let b = engine(&url, &schema).await;
+    for round in 0..300 {
+        let batch = |reverse: bool| {
+            let mut keys: Vec<String> = (0..30).map(|k| format!("r{round}:{k}")).collect();
+            if reverse {
+                keys.reverse();
+            }
+            keys.into_iter()
+                .map(|k| NewInstance::new("Report", json!({})).idempotency_key(k))
+                .collect::<Vec<_>>()
+        };
+        let (x, y) = tokio::join!(
+            a.insert_many_unique(batch(false)),
+            b.insert_many_unique(batch(true))
+        );
+        let (x, y) = (x.unwrap(), y.unwrap());
+        // The same 30 rows, whoever inserted each.
+        let ids: Vec<i64> = x.iter().map(|r| r.id).collect();
+        let other: Vec<i64> = y.iter().rev().map(|r| r.id).collect();
+        assert_eq!(ids, other, "both told the same row per key");
+        assert_eq!(
+            x.iter().chain(&y).filter(|r| !r.conflict).count(),
+            30,
+            "each key inserted once"
+        );
+    }
+}

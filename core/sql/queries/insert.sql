@@ -85,7 +85,10 @@ WITH given AS (
            CASE WHEN r.ukey IS NOT NULL
                 THEN ARRAY(SELECT jsonb_array_elements_text(r.uspec::jsonb -> 'states')) END
     FROM ranked r
-    ORDER BY r.ord
+    -- Unique rows in the order of their keys: two batches that share keys
+    -- take them in the same order, so neither waits for the other while
+    -- holding what the other waits for (a deadlock).
+    ORDER BY r.ukey NULLS LAST, r.ord
     ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND status = ANY (unique_states) DO NOTHING
     RETURNING id, queue, status, CASE WHEN status = 'executing' THEN state END AS state
 ), notified AS (
