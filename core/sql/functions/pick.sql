@@ -226,10 +226,17 @@ BEGIN
                                  END
                         THEN 'key'
                         WHEN x.rate_key IS NOT NULL
-                             AND EXISTS (SELECT 1 FROM rate_state rs
-                                         WHERE rs.key = x.rate_key
-                                           AND rs.tat > now() + make_interval(secs =>
-                                               rate_tolerances[array_position(rate_names, split_part(x.rate_key, ':', 1))]))
+                             AND (EXISTS (SELECT 1 FROM rate_state rs
+                                          WHERE rs.key = x.rate_key
+                                            AND rs.tat > now() + make_interval(secs =>
+                                                rate_tolerances[array_position(rate_names, split_part(x.rate_key, ':', 1))]))
+                                  -- Its limit locked by another node's pick, which
+                                  -- the admission above skipped: parked too, or
+                                  -- nothing would come back to it (the unparking
+                                  -- sweeps give it back as its limit allows).
+                                  OR (EXISTS (SELECT 1 FROM rate_state rs WHERE rs.key = x.rate_key)
+                                      AND NOT EXISTS (SELECT 1 FROM rate_state rs WHERE rs.key = x.rate_key
+                                                      FOR UPDATE SKIP LOCKED)))
                         THEN 'rate'
                    END AS why
             FROM (

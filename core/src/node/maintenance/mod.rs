@@ -66,15 +66,25 @@ pub(super) async fn maintain(sh: Arc<Shared>) {
             }
         }
         // Parked rows whose key has room (a race, a rescue, a repaired gate).
+        // Rows unparked here wake this node's pickers: nothing else would
+        // (the sweeps send no NOTIFY), and a long poll interval would leave
+        // them waiting.
         match unpark_keys(&sh, parked_after.as_deref()).await {
-            Ok((_, next)) => parked_after = next,
+            Ok((n, next)) => {
+                parked_after = next;
+                if n > 0 {
+                    sh.wake_all();
+                }
+            }
             Err(e) => tracing::debug!(error = %e, "unparking failed"),
         }
         // Rate-limited rows too, every tick: the rate waker times the next
         // start, and this pass covers what it sleeps through (a limit another
         // node's claims used, a node without a waker).
-        if let Err(e) = unpark_rates(&sh).await {
-            tracing::debug!(error = %e, "unparking rate-limited rows failed");
+        match unpark_rates(&sh).await {
+            Ok(n) if n > 0 => sh.wake_all(),
+            Ok(_) => {}
+            Err(e) => tracing::debug!(error = %e, "unparking rate-limited rows failed"),
         }
         if sh.check_lost.swap(false, SeqCst) {
             if let Err(e) = give_back_lost(&sh).await {
