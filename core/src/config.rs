@@ -112,6 +112,8 @@ pub struct EngineConfig {
     pub(crate) cron: Vec<CronEntry>,
     /// Per workflow, per step: how long it may run.
     pub(crate) step_timeouts: BTreeMap<String, BTreeMap<String, Duration>>,
+    /// Inserts run what they insert before they return (tests).
+    pub(crate) inline: bool,
 }
 
 impl Default for EngineConfig {
@@ -134,6 +136,7 @@ impl Default for EngineConfig {
             workflow_defaults: BTreeMap::new(),
             cron: Vec::new(),
             step_timeouts: BTreeMap::new(),
+            inline: false,
         }
     }
 }

@@ -69,11 +69,20 @@ DECLARE
     h_queue text[];
     -- Every row this call claimed, promoted or handed over.
     c_id bigint[] := '{}';
+    -- Instances the outcomes moved to await a signal, and its name.
+    a_id bigint[];
+    a_signal text[];
     picked claim[];
     d integer;
     q integer;
 BEGIN
     IF jsonb_array_length(outcomes) > 0 THEN
+        -- The locks of the signals awaited, in order (see send_signal): a
+        -- signal sent meanwhile by name waits, then wakes them.
+        PERFORM pg_advisory_xact_lock(hashtext(current_schema() || '.signal'), hashtext(s.name))
+        FROM (SELECT DISTINCT o ->> 'signal' AS name FROM jsonb_array_elements(outcomes) o
+              WHERE o ->> 'status' = 'awaiting' AND o ->> 'signal' IS NOT NULL
+              ORDER BY 1) s;
         WITH o AS (
             SELECT * FROM jsonb_to_recordset(outcomes) AS o(
                 id bigint, token bigint, kind text, status text, step text, state jsonb,
@@ -111,7 +120,7 @@ BEGIN
             WHERE i.id = o.id AND i.status = 'executing' AND i.node = node_id AND i.token = o.token
               AND i.concurrency_key IS NOT DISTINCT FROM o.hkey
               AND i.gate_shard IS NOT DISTINCT FROM o.gshard
-            RETURNING i.queue, o.hkey, o.gshard, o.next, o.ntoken
+            RETURNING i.id, i.status, i.await_signal, i.queue, o.hkey, o.gshard, o.next, o.ntoken
         )
         SELECT count(*)::integer,
                array_agg(u.hkey) FILTER (WHERE u.hkey IS NOT NULL),
@@ -120,9 +129,38 @@ BEGIN
                array_agg(u.next) FILTER (WHERE u.hkey IS NOT NULL),
                array_agg(u.ntoken) FILTER (WHERE u.hkey IS NOT NULL),
                (SELECT array_agg(o.next) FROM o WHERE o.next IS NOT NULL),
-               (SELECT array_agg(o.ntoken) FROM o WHERE o.next IS NOT NULL)
-        INTO n_written, f_key, f_shard, f_queue, f_next, f_ntoken, n_next, n_ntoken
+               (SELECT array_agg(o.ntoken) FROM o WHERE o.next IS NOT NULL),
+               array_agg(u.id) FILTER (WHERE u.status = 'awaiting' AND u.await_signal IS NOT NULL),
+               array_agg(u.await_signal) FILTER (WHERE u.status = 'awaiting' AND u.await_signal IS NOT NULL)
+        INTO n_written, f_key, f_shard, f_queue, f_next, f_ntoken, n_next, n_ntoken, a_id, a_signal
         FROM upd u;
+    END IF;
+
+    -- Deliver the signals kept for instances that now await them: the
+    -- oldest sent to the instance, else the oldest sent by name and not
+    -- expired. Each is deleted as it is delivered: once.
+    IF a_id IS NOT NULL THEN
+        WITH msg AS (
+            SELECT a.id, coalesce(
+                (SELECT m.id FROM mailbox m WHERE m.instance = a.id AND m.name = a.signal
+                 ORDER BY m.id LIMIT 1),
+                (SELECT m.id FROM mailbox m WHERE m.instance IS NULL AND m.name = a.signal
+                   AND m.expires_at > now()
+                 ORDER BY m.id LIMIT 1)) AS mid
+            FROM unnest(a_id, a_signal) AS a(id, signal)
+        ), taken AS (
+            DELETE FROM mailbox m USING msg WHERE m.id = msg.mid
+            RETURNING msg.id, m.name, m.payload
+        ), woke AS (
+            UPDATE instances i
+            SET status = 'available', wake = jsonb_build_object('signal', t.name, 'payload', t.payload),
+                await_signal = NULL, await_until = NULL, scheduled_at = now()
+            FROM taken t
+            WHERE i.id = t.id AND i.status = 'awaiting'
+            RETURNING i.queue
+        )
+        SELECT count(*)::integer INTO d
+        FROM (SELECT pg_notify(channel, w.q) FROM (SELECT DISTINCT queue AS q FROM woke) w) n;
     END IF;
 
     -- Promote the successors started in freed slots: each takes its

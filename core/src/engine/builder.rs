@@ -227,6 +227,16 @@ impl EngineBuilder {
         self
     }
 
+    /// For unit tests: every insert through this engine runs the queues it
+    /// inserted into to the end, in the calling task, before it returns
+    /// ([`Engine::drain`] after each insert). Instances that await stay
+    /// awaiting; a step's errors are retried as on a node (their backoff is
+    /// waited for only by a later drain with `scheduled`).
+    pub fn inline(mut self, inline: bool) -> Self {
+        self.cfg.inline = inline;
+        self
+    }
+
     /// A periodic workflow: each tick of the entry's schedule inserts its
     /// instance once, cluster-wide (see [`CronEntry`] and docs/cron.md).
     /// Every node that runs the engine with it tries; the database decides.

@@ -101,6 +101,17 @@ impl Rows {
         self.delay[i].is_none() && self.at[i].is_none()
     }
 
+    /// The queues of the rows, each once.
+    pub fn queues(&self) -> Vec<String> {
+        let set: BTreeSet<&String> = self.queue.iter().collect();
+        set.into_iter().cloned().collect()
+    }
+
+    /// Whether any row is unique.
+    pub fn any_unique(&self) -> bool {
+        self.unique.iter().any(Option::is_some)
+    }
+
     /// Whether the batch is large, due now and not unique: then `copy` inserts it.
     pub fn wants_copy(&self) -> bool {
         self.len() >= COPY_FROM

@@ -5,12 +5,14 @@ mod builder;
 mod cron;
 mod insert;
 mod status;
+mod testing;
 
 pub use builder::EngineBuilder;
 pub use status::{
     ClusterStatus, GateStatus, KeyLimit, NoNode, NodeStatus, Parked, ParkedKey, QueueCount,
     RateStatus, WaitingRows,
 };
+pub use testing::{DrainOptions, Drained, InsertedQuery, DRAIN_MAX_STEPS};
 
 use crate::config::EngineConfig;
 use crate::context::Context;
@@ -25,6 +27,7 @@ use serde_json::Value;
 use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, PgPool, Row};
 use std::sync::{Arc, Mutex as StdMutex, Weak};
+use std::time::Duration;
 use tokio::sync::Mutex;
 
 /// A handle on the engine: cheap to clone, usable from many tasks.
@@ -149,6 +152,16 @@ impl Engine {
             return Ok(Vec::new());
         }
         let rows = insert::Rows::new(&self.ctx, news)?;
+        if self.ctx.cfg.inline {
+            let queues = rows.queues();
+            let inserted = self.insert_rows(rows).await?;
+            self.run_inline(queues).await?;
+            return Ok(inserted);
+        }
+        self.insert_rows(rows).await
+    }
+
+    async fn insert_rows(&self, rows: insert::Rows) -> Result<Vec<Inserted>> {
         if rows.wants_copy() {
             let ids = insert::copy(&self.ctx, &self.ctx.store.pool, rows).await?;
             return Ok(ids
@@ -158,6 +171,14 @@ impl Engine {
                     conflict: false,
                 })
                 .collect());
+        }
+        if rows.any_unique() {
+            // A transaction: the lookups and retries after the statement
+            // must not leave its rows behind if they fail.
+            let mut tx = self.ctx.store.pool.begin().await?;
+            let inserted = insert::insert_unique(&self.ctx, &mut tx, rows, None).await?;
+            tx.commit().await?;
+            return Ok(inserted);
         }
         let here = self
             .here
@@ -207,28 +228,67 @@ impl Engine {
 
     /// Wake every instance awaiting signal `name`; the woken steps see
     /// `payload`. Returns how many were woken. A signal sent while nothing
-    /// awaits it is not kept.
+    /// awaits it is not kept (see [`Engine::signal_with_ttl`]).
     pub async fn signal(&self, name: &str, payload: Value) -> Result<u64> {
         self.send_signal(name, payload, None).await
     }
 
-    /// Wake one awaiting instance by id, whatever it awaits. Returns whether it
-    /// was awaiting.
-    pub async fn signal_instance(&self, id: i64, name: &str, payload: Value) -> Result<bool> {
-        Ok(self.send_signal(name, payload, Some(id)).await? == 1)
+    /// [`Engine::signal`]; when it wakes nobody, the signal is kept for `ttl`
+    /// and delivered to the first instance that awaits `name` meanwhile
+    /// (once). Returns how many were woken now.
+    pub async fn signal_with_ttl(&self, name: &str, payload: Value, ttl: Duration) -> Result<u64> {
+        if ttl.is_zero() {
+            return Err(Error::input("ttl", "must be longer than zero"));
+        }
+        self.send_signal(name, payload, Some(ttl)).await
     }
 
-    async fn send_signal(&self, name: &str, payload: Value, id: Option<i64>) -> Result<u64> {
+    async fn send_signal(&self, name: &str, payload: Value, ttl: Option<Duration>) -> Result<u64> {
         validate::name("signal", name)?;
         validate::payload("payload", &payload)?;
         let row = sqlx::query(&self.ctx.store.sql.signal)
             .bind(name)
             .bind(payload)
-            .bind(id)
+            .bind(ttl.map(|t| t.as_secs_f64()))
             .bind(&self.ctx.store.sql.channel)
             .fetch_one(&self.ctx.store.pool)
             .await?;
-        Ok(row.try_get::<i64, _>(0)? as u64)
+        Ok(row.try_get::<i32, _>("woken")? as u64)
+    }
+
+    /// Send signal `name` to one instance: it wakes now if it awaits
+    /// (whatever it awaits); otherwise it is kept, in order with the
+    /// instance's other kept signals, until the instance awaits `name`,
+    /// which then wakes at once with it. Delivered once. A finished
+    /// instance gets nothing.
+    pub async fn send(&self, id: i64, name: &str, payload: Value) -> Result<Delivery> {
+        validate::name("signal", name)?;
+        validate::payload("payload", &payload)?;
+        let row = sqlx::query(&self.ctx.store.sql.signal_instance)
+            .bind(name)
+            .bind(payload)
+            .bind(id)
+            .bind(&self.ctx.store.sql.channel)
+            .fetch_optional(&self.ctx.store.pool)
+            .await?;
+        let Some(row) = row else {
+            return Err(Error::NotFound(id));
+        };
+        let status = Status::parse(row.try_get::<&str, _>("status")?);
+        Ok(match status {
+            Status::Awaiting => Delivery::Woken,
+            s if s.is_final() => Delivery::Finished(s),
+            _ => Delivery::Kept,
+        })
+    }
+
+    /// [`Engine::send`], saying only whether the instance was woken now.
+    pub async fn signal_instance(&self, id: i64, name: &str, payload: Value) -> Result<bool> {
+        match self.send(id, name, payload).await {
+            Ok(d) => Ok(d == Delivery::Woken),
+            Err(Error::NotFound(_)) => Ok(false),
+            Err(e) => Err(e),
+        }
     }
 
     /// Cancel an instance. One that is not executing is cancelled at once.
@@ -262,6 +322,17 @@ impl Engine {
 
 fn ids(inserted: Vec<Inserted>) -> Vec<i64> {
     inserted.into_iter().map(|i| i.id).collect()
+}
+
+/// What [`Engine::send`] did with a signal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Delivery {
+    /// The instance was awaiting: it is woken with the signal.
+    Woken,
+    /// Kept until the instance awaits it.
+    Kept,
+    /// The instance had finished, with this status: nothing was kept.
+    Finished(Status),
 }
 
 /// What [`Engine::cancel`] did.

@@ -2,13 +2,15 @@
 //! slot it frees.
 
 use super::{lock, panic_message, Running, Shared, Stop};
+use crate::config::EngineConfig;
 use crate::outcome::{Claimed, OutcomeRow, Promotion};
 use crate::stats::Stats;
 use crate::transition::{Transition, Wake};
-use crate::workflow::StepContext;
+use crate::workflow::{StepContext, StepResult, Workflow};
 use std::sync::{Arc, Mutex as StdMutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tokio::sync::{oneshot, OwnedSemaphorePermit};
+use tokio::task::{JoinError, JoinHandle};
 use tokio_util::sync::CancellationToken;
 
 /// Rows claimed here that will not start (stopping, no slot, not this
@@ -85,20 +87,8 @@ pub(super) fn spawn_step(
             ended.cancelled().await;
         }
         sh.prefetch[&row.queue].started();
-        let ctx = StepContext {
-            id: row.id,
-            workflow: row.workflow.clone(),
-            queue: row.queue.clone(),
-            attempt: row.attempt,
-            max_attempts: row.max_attempts,
-            concurrency_key: row.concurrency_key.clone(),
-            rate_limit: row.rate_key.clone(),
-            wake: Wake::from_json(row.wake.clone()),
-        };
-        let (step, state) = (row.step.clone(), row.state.clone());
-        let wf = workflow.clone();
         let began = Instant::now();
-        let mut user = tokio::spawn(async move { wf.step(&step, state, ctx).await });
+        let mut user = spawn_user(&workflow, &row);
         let ended = CancellationToken::new();
         let stopped = Arc::new(StdMutex::new(None));
         lock(&sh.running).insert(
@@ -111,18 +101,7 @@ pub(super) fn spawn_step(
             },
         );
         let _ended = ended.drop_guard();
-        // A step past its timeout is stopped at its next await (a step
-        // that never awaits runs on; its outcome is the timeout all the same).
-        let (result, timed_out) = match sh.ctx.cfg.timeout_of(&row.workflow, &row.step) {
-            None => ((&mut user).await, None),
-            Some(limit) => tokio::select! {
-                r = &mut user => (r, None),
-                _ = tokio::time::sleep(limit) => {
-                    user.abort();
-                    ((&mut user).await, Some(limit))
-                }
-            },
-        };
+        let (result, timed_out) = run_user(&sh.ctx.cfg, &row, &mut user).await;
         sh.prefetch[&row.queue].ran(began.elapsed());
         forget_running(&sh, &row);
         let stop = *lock(&stopped);
@@ -134,42 +113,14 @@ pub(super) fn spawn_step(
             sh.successors(|s| s.release(&row));
             return;
         }
-        let cfg = &sh.ctx.cfg;
-        let mut outcome = match result {
-            Ok(Ok(t)) => OutcomeRow::from_transition(&row, cfg, Some(&*workflow), t),
-            Ok(Err(e)) => OutcomeRow::from_transition(
-                &row,
-                cfg,
-                Some(&*workflow),
-                Transition::Error {
-                    reason: e.to_string(),
-                    detail: Some(format!("{e:?}")),
-                },
-            ),
-            Err(j) if j.is_panic() => {
-                OutcomeRow::failure(&row, cfg, "panic", format!("panic: {}", panic_message(j)))
-            }
-            Err(_) if stop == Some(Stop::Cancelled) => OutcomeRow::failure(
-                &row,
-                cfg,
-                "cancel",
-                "cancelled while running: the step was stopped".into(),
-            ),
-            Err(_) => match timed_out {
-                Some(limit) => OutcomeRow::failure(
-                    &row,
-                    cfg,
-                    "timeout",
-                    format!("step {:?} timed out after {limit:?}", row.step),
-                ),
-                None => OutcomeRow::failure(
-                    &row,
-                    cfg,
-                    "shutdown",
-                    "aborted: the step did not finish within the shutdown timeout".into(),
-                ),
-            },
-        };
+        let mut outcome = outcome_of(
+            &sh.ctx.cfg,
+            &row,
+            &*workflow,
+            result,
+            stop == Some(Stop::Cancelled),
+            timed_out,
+        );
         let next = if sh.shutdown.is_cancelled() || !sh.live.is_live() {
             sh.successors(|s| s.release(&row));
             None
@@ -236,4 +187,89 @@ pub(super) fn not_admitted(sh: &Shared, row: &Claimed) {
         s.release(row);
         s.restore_dangling(vec![(row.id, row.token - 1)]);
     });
+}
+
+/// Run `row`'s step of `workflow` on a task of its own (a panic there is
+/// the task's, not the caller's).
+pub(crate) fn spawn_user(workflow: &Arc<dyn Workflow>, row: &Claimed) -> JoinHandle<StepResult> {
+    let ctx = StepContext {
+        id: row.id,
+        workflow: row.workflow.clone(),
+        queue: row.queue.clone(),
+        attempt: row.attempt,
+        max_attempts: row.max_attempts,
+        concurrency_key: row.concurrency_key.clone(),
+        rate_limit: row.rate_key.clone(),
+        wake: Wake::from_json(row.wake.clone()),
+    };
+    let (step, state, wf) = (row.step.clone(), row.state.clone(), workflow.clone());
+    tokio::spawn(async move { wf.step(&step, state, ctx).await })
+}
+
+/// Wait for a step's task, stopping it at the step's timeout: a step past
+/// it is stopped at its next await (one that never awaits runs on; its
+/// outcome is the timeout all the same). Returns the task's end and the
+/// timeout that stopped it.
+pub(crate) async fn run_user(
+    cfg: &EngineConfig,
+    row: &Claimed,
+    user: &mut JoinHandle<StepResult>,
+) -> (Result<StepResult, JoinError>, Option<Duration>) {
+    match cfg.timeout_of(&row.workflow, &row.step) {
+        None => (user.await, None),
+        Some(limit) => tokio::select! {
+            r = &mut *user => (r, None),
+            _ = tokio::time::sleep(limit) => {
+                user.abort();
+                (user.await, Some(limit))
+            }
+        },
+    }
+}
+
+/// The outcome of a step's run: its transition, else what ended it (a
+/// panic, a cancellation, its timeout, the shutdown).
+pub(crate) fn outcome_of(
+    cfg: &EngineConfig,
+    row: &Claimed,
+    workflow: &dyn Workflow,
+    result: Result<StepResult, JoinError>,
+    cancelled: bool,
+    timed_out: Option<Duration>,
+) -> OutcomeRow {
+    match result {
+        Ok(Ok(t)) => OutcomeRow::from_transition(row, cfg, Some(workflow), t),
+        Ok(Err(e)) => OutcomeRow::from_transition(
+            row,
+            cfg,
+            Some(workflow),
+            Transition::Error {
+                reason: e.to_string(),
+                detail: Some(format!("{e:?}")),
+            },
+        ),
+        Err(j) if j.is_panic() => {
+            OutcomeRow::failure(row, cfg, "panic", format!("panic: {}", panic_message(j)))
+        }
+        Err(_) if cancelled => OutcomeRow::failure(
+            row,
+            cfg,
+            "cancel",
+            "cancelled while running: the step was stopped".into(),
+        ),
+        Err(_) => match timed_out {
+            Some(limit) => OutcomeRow::failure(
+                row,
+                cfg,
+                "timeout",
+                format!("step {:?} timed out after {limit:?}", row.step),
+            ),
+            None => OutcomeRow::failure(
+                row,
+                cfg,
+                "shutdown",
+                "aborted: the step did not finish within the shutdown timeout".into(),
+            ),
+        },
+    }
 }

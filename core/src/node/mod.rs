@@ -19,6 +19,9 @@ mod prefetch;
 mod rate_waker;
 mod successors;
 
+/// A step's run outside a node's executor (a drain in the calling task).
+pub(crate) use executor::{outcome_of, run_user, spawn_user};
+
 use crate::context::Context;
 use crate::error::Result;
 use crate::outcome::OutcomeRow;

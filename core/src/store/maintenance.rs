@@ -180,13 +180,14 @@ impl Store {
         Ok(())
     }
 
-    /// Deletes up to `batch` rows final for longer than `retention` seconds.
+    /// Deletes up to `batch` rows final for longer than `retention`
+    /// seconds, their kept signals, and expired signals sent by name.
     pub async fn prune(&self, retention: f64, batch: i64) -> Result<u64> {
-        Ok(sqlx::query(&self.sql.prune)
+        let n: i64 = sqlx::query_scalar(&self.sql.prune)
             .bind(retention)
             .bind(batch)
-            .execute(&self.pool)
-            .await?
-            .rows_affected())
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(n as u64)
     }
 }

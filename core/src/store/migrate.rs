@@ -30,6 +30,7 @@ const FUNCTIONS: &[(&str, &str)] = functions![
     release_reserved,
     pick,
     handoff,
+    send_signal,
     unique_key,
     enqueue,
 ];

@@ -74,7 +74,9 @@ queries! {
     // Claims and outcomes.
     handoff, held_by_node,
     // The client.
-    get, signal, cancel,
+    get, signal, signal_instance, cancel,
+    // Testing.
+    stage_queue, inserted,
     // Liveness.
     heartbeat, forget_node, reap, forget_dead_nodes,
     // Maintenance.
