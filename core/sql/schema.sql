@@ -25,7 +25,7 @@ CREATE FUNCTION gendurable.claim_key(k text) RETURNS boolean
 CREATE FUNCTION gendurable.enqueue(workflow text, state jsonb DEFAULT '{}'::jsonb, step text DEFAULT 'start'::text, queue text DEFAULT 'default'::text, priority integer DEFAULT 0, concurrency_key text DEFAULT NULL::text, rate_limit text DEFAULT NULL::text, max_attempts integer DEFAULT 20, scheduled_at timestamp with time zone DEFAULT NULL::timestamp with time zone, "unique" boolean DEFAULT false, unique_fields text[] DEFAULT NULL::text[], unique_period interval DEFAULT NULL::interval, unique_states text[] DEFAULT NULL::text[], idempotency_key text DEFAULT NULL::text, OUT id bigint, OUT conflict boolean) RETURNS record
     LANGUAGE plpgsql
     SET search_path TO 'gendurable'
-    AS -- sql/functions/enqueue.sql, source md5 e51b5391dd907aeb5ace5da6cadef997
+    AS -- sql/functions/enqueue.sql, source md5 94704d4008f26401cf027212596436b9
 ;
 
 CREATE FUNCTION gendurable.handoff(outcomes jsonb, node_id text, channel text, notify boolean, queues text[], demands integer[], skip_pick boolean[], reserve boolean[], unreserve bigint[], unreserve_tokens bigint[], win_factor double precision, workflows text[], gate_names text[], gate_limits integer[], gate_shards integer[], rate_names text[], rate_intervals double precision[], rate_tolerances double precision[]) RETURNS TABLE(claimed gendurable.claim, reserved boolean, written integer, released integer, handed_over integer, released_keys text[], promoted bigint[])
@@ -53,6 +53,11 @@ CREATE FUNCTION gendurable.may_mint_rate(k text) RETURNS boolean
     LANGUAGE plpgsql
     SET search_path TO 'gendurable'
     AS -- sql/functions/may_mint_rate.sql, source md5 6d6330390f4943764dca392b2b8e5431
+;
+
+CREATE FUNCTION gendurable.name_problem(v text) RETURNS text
+    LANGUAGE sql IMMUTABLE
+    AS -- sql/functions/name_problem.sql, source md5 b27702aa923ee787d29e9a8680b3d20d
 ;
 
 CREATE FUNCTION gendurable.orphaned(q text, wf text, lease double precision) RETURNS boolean

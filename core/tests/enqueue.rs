@@ -62,16 +62,21 @@ async fn an_instance_enqueued_in_a_transaction_exists_once_it_commits() {
     engine.shutdown().await.unwrap();
 }
 
-#[tokio::test]
-async fn bad_input_gets_the_clients_message() {
-    let url = support::url();
-    let schema = support::schema("enqueue_bad");
-    let engine = support::builder(&url, &schema)
+/// An engine, not started, that knows workflow `W`.
+async fn w_engine(url: &str, schema: &str) -> gendurable::Engine {
+    support::builder(url, schema)
         .queue("default", 1)
         .workflow_fn("W", |_, state, _| async { Ok(Transition::done(state)) })
         .build()
         .await
-        .unwrap();
+        .unwrap()
+}
+
+#[tokio::test]
+async fn bad_input_gets_the_clients_message() {
+    let url = support::url();
+    let schema = support::schema("enqueue_bad");
+    let engine = w_engine(&url, &schema).await;
     let deep = (0..101).fold(json!(1), |v, _| json!([v]));
     let cases: Vec<(NewInstance, Value)> = vec![
         (
@@ -183,12 +188,7 @@ async fn bad_input_gets_the_clients_message() {
 async fn enqueue_and_the_client_share_unique_identities() {
     let url = support::url();
     let schema = support::schema("enqueue_unique");
-    let engine = support::builder(&url, &schema)
-        .queue("default", 1)
-        .workflow_fn("W", |_, state, _| async { Ok(Transition::done(state)) })
-        .build()
-        .await
-        .unwrap();
+    let engine = w_engine(&url, &schema).await;
     let enqueue = |args: &str| {
         format!(
             "SELECT id, conflict FROM \"{schema}\".enqueue('W', '{{\"a\": 1, \"b\": 2}}', {args})"

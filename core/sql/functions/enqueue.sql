@@ -43,14 +43,9 @@ DECLARE
     ukey bytea;
     rounds integer := 0;
 BEGIN
-    -- Names: 1 to 255 bytes, no control characters (validate::name).
     FOR field, v IN VALUES ('workflow', enqueue.workflow), ('step', enqueue.step), ('queue', enqueue.queue)
     LOOP
-        reason := CASE WHEN v IS NULL OR v = '' THEN 'must not be empty'
-                       WHEN octet_length(v) > 255
-                       THEN format('is %s bytes long; the limit is 255', octet_length(v))
-                       WHEN v ~ '[[:cntrl:]]' THEN 'must not contain NUL or control characters'
-                  END;
+        reason := name_problem(v);
         IF reason IS NOT NULL THEN
             RAISE EXCEPTION 'invalid %: %', field, reason USING ERRCODE = 'invalid_parameter_value';
         END IF;
@@ -125,11 +120,7 @@ BEGIN
                 cardinality(enqueue.unique_fields) USING ERRCODE = 'invalid_parameter_value';
         END IF;
         FOREACH v IN ARRAY enqueue.unique_fields LOOP
-            reason := CASE WHEN v IS NULL OR v = '' THEN 'must not be empty'
-                           WHEN octet_length(v) > 255
-                           THEN format('is %s bytes long; the limit is 255', octet_length(v))
-                           WHEN v ~ '[[:cntrl:]]' THEN 'must not contain NUL or control characters'
-                      END;
+            reason := name_problem(v);
             IF reason IS NOT NULL THEN
                 RAISE EXCEPTION 'invalid unique.fields: %', reason USING ERRCODE = 'invalid_parameter_value';
             END IF;

@@ -32,6 +32,7 @@ const FUNCTIONS: &[(&str, &str)] = functions![
     handoff,
     send_signal,
     unique_key,
+    name_problem,
     enqueue,
 ];
 
