@@ -108,6 +108,13 @@ pub trait Workflow: Send + Sync + 'static {
     fn rate_limit(&self, _step: &str, _state: &Value) -> Option<String> {
         None
     }
+
+    /// The workflow's own defaults (queue, priority, attempts, backoff,
+    /// timeout), as [`crate::EngineBuilder::workflow_defaults`] would give
+    /// them; that call, when made too, wins.
+    fn defaults(&self) -> WorkflowDefaults {
+        WorkflowDefaults::default()
+    }
 }
 
 /// Everything a step may want to know about the instance it runs for.

@@ -161,3 +161,73 @@ fn defaults_read_from_options() {
         "{err}"
     );
 }
+
+/// A workflow that declares its defaults itself (the Rust trait).
+struct Billing;
+
+#[gendurable::async_trait]
+impl gendurable::Workflow for Billing {
+    async fn step(
+        &self,
+        _step: &str,
+        state: serde_json::Value,
+        _ctx: gendurable::StepContext,
+    ) -> gendurable::StepResult {
+        Ok(Transition::done(state))
+    }
+
+    fn defaults(&self) -> WorkflowDefaults {
+        WorkflowDefaults {
+            queue: Some("billing".into()),
+            max_attempts: Some(3),
+            ..Default::default()
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_workflow_declares_its_defaults_and_the_builder_may_replace_them() {
+    let url = support::url();
+    let schema = support::schema("trait_defaults");
+    let engine = support::builder(&url, &schema)
+        .queue("billing", 1)
+        .workflow("Billing", Billing)
+        .build()
+        .await
+        .unwrap();
+    let i = engine
+        .get(
+            engine
+                .insert(NewInstance::new("Billing", json!({})))
+                .await
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!((i.queue.as_str(), i.max_attempts), ("billing", 3));
+
+    let schema = support::schema("trait_defaults_replaced");
+    let engine = support::builder(&url, &schema)
+        .queue("billing", 1)
+        .workflow("Billing", Billing)
+        .workflow_defaults(
+            "Billing",
+            WorkflowDefaults {
+                max_attempts: Some(7),
+                ..Default::default()
+            },
+        )
+        .build()
+        .await
+        .unwrap();
+    let i = engine
+        .get(
+            engine
+                .insert(NewInstance::new("Billing", json!({})))
+                .await
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!((i.queue.as_str(), i.max_attempts), ("default", 7));
+}

@@ -15,7 +15,7 @@ use crate::workflow::{
 use serde_json::Value;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -34,6 +34,9 @@ pub struct EngineBuilder {
     cfg: EngineConfig,
     workflows: HashMap<String, Arc<dyn Workflow>>,
     step_rates: HashMap<String, HashMap<String, String>>,
+    /// Workflows whose defaults came from [`Workflow::defaults`] (a
+    /// `workflow_defaults` call replaces them).
+    trait_defaults: HashSet<String>,
     duplicate: Option<String>,
     migrate: bool,
     max_connections: Option<u32>,
@@ -48,6 +51,7 @@ impl Engine {
             cfg: EngineConfig::default(),
             workflows: HashMap::new(),
             step_rates: HashMap::new(),
+            trait_defaults: HashSet::new(),
             duplicate: None,
             migrate: true,
             max_connections: None,
@@ -119,6 +123,13 @@ impl EngineBuilder {
     /// Register a workflow under `name`.
     pub fn workflow(mut self, name: impl Into<String>, workflow: impl Workflow) -> Self {
         let name = name.into();
+        let defaults = workflow.defaults();
+        if defaults != WorkflowDefaults::default()
+            && !self.cfg.workflow_defaults.contains_key(&name)
+        {
+            self.cfg.workflow_defaults.insert(name.clone(), defaults);
+            self.trait_defaults.insert(name.clone());
+        }
         if self
             .workflows
             .insert(name.clone(), Arc::new(workflow))
@@ -254,7 +265,9 @@ impl EngineBuilder {
         defaults: WorkflowDefaults,
     ) -> Self {
         let workflow = workflow.into();
-        if self.cfg.workflow_defaults.contains_key(&workflow) {
+        if self.cfg.workflow_defaults.contains_key(&workflow)
+            && !self.trait_defaults.remove(&workflow)
+        {
             self.duplicate = Some(format!("workflow_defaults {workflow}"));
         }
         self.cfg.workflow_defaults.insert(workflow, defaults);
