@@ -7,12 +7,14 @@
 
 use crate::block_on;
 use crate::config::{builder, connect_timeout, engine_options};
+use crate::errors::invalid_input;
 use crate::errors::{connect_error, invalid_config, raise, IntoPyResult};
 use crate::instance::{cancelled_str, instance_to_py, new_instance, InstanceOut};
+use crate::testing::{drained_tuple, inserted_query, DrainedTuple, Instances};
 use crate::values::to_json;
 use crate::workflow::{register, Hooks, WorkflowTable};
 use gendurable::options::EngineOptions;
-use gendurable::{Engine, EngineBuilder, NewInstance};
+use gendurable::{Delivery, DrainOptions, Engine, EngineBuilder, NewInstance};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use std::future::Future;
@@ -29,6 +31,8 @@ const FORCED_GRACE: Duration = Duration::from_secs(5);
 #[pyclass(frozen, module = "gendurable._gendurable")]
 pub(crate) struct Core {
     options: EngineOptions,
+    /// `EngineBuilder::inline`: every insert drains the queues it inserted into.
+    inline: bool,
     hooks: Arc<Hooks>,
     built: OnceLock<Built>,
     /// Whether the node runs (started and not yet shut down).
@@ -43,8 +47,16 @@ struct Built {
 
 impl Core {
     /// The builder with these workflows (the core checks them with the rest).
-    fn builder(&self, workflows: Vec<WorkflowTable>) -> EngineBuilder {
-        register(builder(&self.options), workflows, &self.hooks)
+    fn builder(
+        &self,
+        workflows: Vec<WorkflowTable>,
+        options: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<EngineBuilder> {
+        let b = match options {
+            Some(o) => builder(&engine_options(o)?),
+            None => builder(&self.options),
+        };
+        Ok(register(b.inline(self.inline), workflows, &self.hooks))
     }
 
     fn engine(&self) -> PyResult<&Engine> {
@@ -122,23 +134,30 @@ impl Client {
 impl Core {
     /// `options`: a dict of the core's engine options
     /// (`gendurable::options::EngineOptions`), which the core reads and
-    /// checks. Nothing connects yet.
+    /// checks. `inline`: the builder's `inline`. Nothing connects yet.
     #[new]
-    fn new(py: Python<'_>, options: &Bound<'_, PyAny>) -> PyResult<Core> {
+    #[pyo3(signature = (options, inline=false))]
+    fn new(py: Python<'_>, options: &Bound<'_, PyAny>, inline: bool) -> PyResult<Core> {
         let options = engine_options(options)?;
         builder(&options).validate().py_err()?;
         Ok(Core {
             options,
+            inline,
             hooks: Arc::new(Hooks::new(py)?),
             built: OnceLock::new(),
             running: AtomicBool::new(false),
         })
     }
 
-    /// Check the configuration with these workflows, as `build` would,
-    /// without building.
-    fn check(&self, workflows: Vec<WorkflowTable>) -> PyResult<()> {
-        self.builder(workflows).validate().py_err()
+    /// Check the configuration with these workflows (and `options`, as
+    /// `build` takes them), as `build` would, without building.
+    #[pyo3(signature = (workflows, options=None))]
+    fn check(
+        &self,
+        workflows: Vec<WorkflowTable>,
+        options: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        self.builder(workflows, options)?.validate().py_err()
     }
 
     /// Build the engine with these workflows: `(name, {step: (fn, is_async,
@@ -158,10 +177,7 @@ impl Core {
         if self.built.get().is_some() {
             return Err(invalid_config("the engine is already built"));
         }
-        let builder = match options {
-            Some(o) => register(builder(&engine_options(o)?), workflows, &self.hooks),
-            None => self.builder(workflows),
-        };
+        let builder = self.builder(workflows, options)?;
         let engine = block_on(py, move || builder.build()).py_err()?;
         let built = Built {
             engine,
@@ -251,36 +267,164 @@ impl Core {
         })
     }
 
-    /// Returns the number woken (by name) or 1/0 (by id).
-    #[pyo3(signature = (name, payload, id=None))]
+    /// Returns the number woken (by name) or 1/0 (by id). `ttl` (seconds,
+    /// by name only): kept that long for the first awaiter if it woke
+    /// nobody (`Engine::signal_with_ttl`).
+    #[pyo3(signature = (name, payload, id=None, ttl=None))]
     fn signal(
         &self,
         py: Python<'_>,
         name: String,
         payload: &Bound<'_, PyAny>,
         id: Option<i64>,
+        ttl: Option<f64>,
     ) -> PyResult<u64> {
         let payload = to_json("payload", payload)?;
+        let ttl = ttl.map(ttl_of).transpose()?;
         let c = self.client()?;
         block_on(py, move || {
-            c.run(move |e| async move { signal(&e, &name, payload, id).await })
+            c.run(move |e| async move { signal(&e, &name, payload, id, ttl).await })
         })
     }
 
-    #[pyo3(signature = (name, payload, id=None))]
+    #[pyo3(signature = (name, payload, id=None, ttl=None))]
     fn signal_async<'py>(
         &self,
         py: Python<'py>,
         name: String,
         payload: &Bound<'_, PyAny>,
         id: Option<i64>,
+        ttl: Option<f64>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let payload = to_json("payload", payload)?;
+        let ttl = ttl.map(ttl_of).transpose()?;
+        let c = self.client()?;
+        pyo3_async_runtimes::tokio::future_into_py(
+            py,
+            c.run(move |e| async move { signal(&e, &name, payload, id, ttl).await }),
+        )
+    }
+
+    /// Send a signal to one instance, kept until it awaits that name
+    /// (`Engine::send`): `("woken" | "kept" | "finished", final status)`.
+    fn send(
+        &self,
+        py: Python<'_>,
+        id: i64,
+        name: String,
+        payload: &Bound<'_, PyAny>,
+    ) -> PyResult<(&'static str, Option<&'static str>)> {
+        let payload = to_json("payload", payload)?;
+        let c = self.client()?;
+        block_on(py, move || {
+            c.run(move |e| async move { e.send(id, &name, payload).await.map(delivery_str) })
+        })
+    }
+
+    fn send_async<'py>(
+        &self,
+        py: Python<'py>,
+        id: i64,
+        name: String,
+        payload: &Bound<'_, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let payload = to_json("payload", payload)?;
         let c = self.client()?;
         pyo3_async_runtimes::tokio::future_into_py(
             py,
-            c.run(move |e| async move { signal(&e, &name, payload, id).await }),
+            c.run(move |e| async move { e.send(id, &name, payload).await.map(delivery_str) }),
         )
+    }
+
+    /// Run a queue's runnable instances to their end in the calling task
+    /// (`Engine::drain_with`); async steps run on the loop given to
+    /// `use_loop` (or `start`).
+    #[pyo3(signature = (queue, scheduled=false, max_steps=None))]
+    fn drain(
+        &self,
+        py: Python<'_>,
+        queue: String,
+        scheduled: bool,
+        max_steps: Option<usize>,
+    ) -> PyResult<DrainedTuple> {
+        let c = self.client()?;
+        let options = DrainOptions {
+            scheduled,
+            max_steps,
+        };
+        block_on(py, move || {
+            c.run(move |e| async move { e.drain_with(&queue, options).await.map(drained_tuple) })
+        })
+    }
+
+    #[pyo3(signature = (queue, scheduled=false, max_steps=None))]
+    fn drain_async<'py>(
+        &self,
+        py: Python<'py>,
+        queue: String,
+        scheduled: bool,
+        max_steps: Option<usize>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let c = self.client()?;
+        let options = DrainOptions {
+            scheduled,
+            max_steps,
+        };
+        pyo3_async_runtimes::tokio::future_into_py(
+            py,
+            c.run(move |e| async move { e.drain_with(&queue, options).await.map(drained_tuple) }),
+        )
+    }
+
+    /// The instances of `workflow` whose state contains `state`, in `queue`,
+    /// with `status` (`Engine::inserted`), oldest first.
+    #[pyo3(signature = (workflow, state=None, queue=None, status=None, limit=None))]
+    fn inserted<'py>(
+        &self,
+        py: Python<'py>,
+        workflow: String,
+        state: Option<&Bound<'_, PyAny>>,
+        queue: Option<String>,
+        status: Option<&str>,
+        limit: Option<i64>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let q = inserted_query(workflow, state, queue, status, limit)?;
+        let c = self.client()?;
+        let found = block_on(py, move || {
+            c.run(move |e| async move { e.inserted(q).await })
+        })?;
+        Ok(Instances(found).into_pyobject(py)?.into_any())
+    }
+
+    #[pyo3(signature = (workflow, state=None, queue=None, status=None, limit=None))]
+    fn inserted_async<'py>(
+        &self,
+        py: Python<'py>,
+        workflow: String,
+        state: Option<&Bound<'_, PyAny>>,
+        queue: Option<String>,
+        status: Option<&str>,
+        limit: Option<i64>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let q = inserted_query(workflow, state, queue, status, limit)?;
+        let c = self.client()?;
+        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+            c.run(move |e| async move { e.inserted(q).await })
+                .await
+                .map(Instances)
+        })
+    }
+
+    /// Async steps run by drains (and inline inserts) run on `event_loop`,
+    /// the node not being started. `start` gives the node its own.
+    fn use_loop(&self, event_loop: Py<PyAny>) -> PyResult<()> {
+        if self.running.load(Ordering::SeqCst) {
+            return Err(invalid_config(
+                "the worker is running: its loop runs the steps",
+            ));
+        }
+        self.hooks.begin(event_loop);
+        Ok(())
     }
 
     #[pyo3(signature = (id, reason=None))]
@@ -407,13 +551,43 @@ async fn signal(
     name: &str,
     payload: serde_json::Value,
     id: Option<i64>,
+    ttl: Option<Duration>,
 ) -> gendurable::Result<u64> {
-    match id {
-        Some(id) => engine
+    match (id, ttl) {
+        (Some(_), Some(_)) => Err(gendurable::Error::InvalidInput {
+            field: "ttl",
+            reason:
+                "applies to a signal by name; a signal sent to one instance with send() is kept \
+             until it awaits that name"
+                    .into(),
+        }),
+        (Some(id), None) => engine
             .signal_instance(id, name, payload)
             .await
             .map(u64::from),
-        None => engine.signal(name, payload).await,
+        (None, Some(ttl)) => engine.signal_with_ttl(name, payload, ttl).await,
+        (None, None) => engine.signal(name, payload).await,
+    }
+}
+
+/// Seconds as a signal's time to live.
+fn ttl_of(secs: f64) -> PyResult<Duration> {
+    Duration::try_from_secs_f64(secs).map_err(|_| {
+        invalid_input(
+            "ttl",
+            format!("must be a finite number of seconds, more than zero; got {secs}"),
+        )
+    })
+}
+
+/// What a send did, and the final status it found.
+fn delivery_str(d: Delivery) -> (&'static str, Option<&'static str>) {
+    match d {
+        Delivery::Woken => ("woken", None),
+        Delivery::Kept => ("kept", None),
+        Delivery::Finished(s) => ("finished", Some(s.as_str())),
+        #[allow(unreachable_patterns)]
+        _ => ("unknown", None),
     }
 }
 

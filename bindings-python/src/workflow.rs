@@ -351,7 +351,12 @@ impl Done {
     }
 }
 
-/// Cancels the asyncio task if the node abandons the step (shutdown timeout).
+/// Cancels the asyncio task if the node abandons the step: the core drops
+/// the step's future at its timeout, when its instance is cancelled, or at
+/// the shutdown timeout. Cancelling the concurrent future of
+/// `run_coroutine_threadsafe` cancels its task on the loop
+/// (`asyncio.CancelledError` at the step's next `await`); the task's end is
+/// then reported to a `Done` whose receiver is gone, and ignored.
 struct CancelOnDrop(Option<Py<PyAny>>);
 
 impl Drop for CancelOnDrop {

@@ -226,17 +226,18 @@ def test_a_declared_rate_limit_needs_a_configured_rate_limit(make_engine):
     assert engine.workflows == []
 
 
-def test_a_bad_workflow_default_is_refused_when_the_engine_is_built(make_engine):
+def test_a_bad_workflow_default_is_refused_when_the_workflow_is_registered(make_engine):
     engine = make_engine()
 
-    @engine.workflow("Charge", priority=12)
-    def charge(step, state, ctx):
-        return gendurable.Done(state)
-
     with pytest.raises(InvalidConfig) as exc:
-        engine.insert("Charge", {})
+
+        @engine.workflow("Charge", priority=12)
+        def charge(step, state, ctx):
+            return gendurable.Done(state)
+
     assert 'workflow_defaults "Charge"' in str(exc.value) and "priority" in str(exc.value)
     assert "12" in str(exc.value)
+    assert engine.workflows == []
     assert repr(engine).endswith("not yet used>")
 
 

@@ -26,7 +26,8 @@ caps calls to a service from this process.
 from ._gendurable import __version__
 from .bulkhead import Bulkhead, Permit
 from .context import Context, Wake
-from .engine import Cancelled, Engine, Instance, NewInstance, workflow
+from .cron import Cron
+from .engine import Cancelled, Delivery, Engine, Instance, NewInstance, step, workflow
 from .errors import (
     CannotConnect,
     Contended,
@@ -53,7 +54,9 @@ __all__ = [
     "CannotConnect",
     "Contended",
     "Context",
+    "Cron",
     "DatabaseError",
+    "Delivery",
     "Discard",
     "Done",
     "EmbeddedPostgresError",
@@ -78,5 +81,6 @@ __all__ = [
     "enqueue",
     "enqueue_async",
     "enqueue_sql",
+    "step",
     "workflow",
 ]

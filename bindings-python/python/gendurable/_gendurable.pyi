@@ -12,10 +12,16 @@ _Workflow = tuple[str, dict[str, _Step], Optional[_Step], dict[str, str]]
 _New = dict[str, Any]
 """An insert: the core's insert options (gendurable::options::InsertOptions)."""
 
+_Drained = tuple[int, int, int, int, int, int, int]
+"""(steps, completed, discarded, cancelled, retried, snoozed, awaiting)"""
+
 class Core:
-    def __init__(self, options: dict[str, Any]) -> None:
-        """``options``: the core's engine options (gendurable::options::EngineOptions)."""
-    def check(self, workflows: list[_Workflow]) -> None: ...
+    def __init__(self, options: dict[str, Any], inline: bool = False) -> None:
+        """``options``: the core's engine options (gendurable::options::EngineOptions);
+        ``inline``: gendurable::EngineBuilder::inline."""
+    def check(
+        self, workflows: list[_Workflow], options: Optional[dict[str, Any]] = None
+    ) -> None: ...
     def build(
         self, workflows: list[_Workflow], options: Optional[dict[str, Any]] = None
     ) -> None: ...
@@ -33,8 +39,40 @@ class Core:
     def insert_many_async(self, news: list[_New]) -> Awaitable[list[tuple[int, bool]]]: ...
     def get(self, id: int) -> dict[str, Any]: ...
     def get_async(self, id: int) -> Awaitable[dict[str, Any]]: ...
-    def signal(self, name: str, payload: Any, id: Optional[int] = None) -> int: ...
-    def signal_async(self, name: str, payload: Any, id: Optional[int] = None) -> Awaitable[int]: ...
+    def signal(
+        self, name: str, payload: Any, id: Optional[int] = None, ttl: Optional[float] = None
+    ) -> int: ...
+    def signal_async(
+        self, name: str, payload: Any, id: Optional[int] = None, ttl: Optional[float] = None
+    ) -> Awaitable[int]: ...
+    def send(self, id: int, name: str, payload: Any) -> tuple[str, Optional[str]]:
+        """``("woken" | "kept" | "finished", final status)`` (gendurable::Engine::send)."""
+    def send_async(
+        self, id: int, name: str, payload: Any
+    ) -> Awaitable[tuple[str, Optional[str]]]: ...
+    def drain(
+        self, queue: str, scheduled: bool = False, max_steps: Optional[int] = None
+    ) -> _Drained: ...
+    def drain_async(
+        self, queue: str, scheduled: bool = False, max_steps: Optional[int] = None
+    ) -> Awaitable[_Drained]: ...
+    def inserted(
+        self,
+        workflow: str,
+        state: Optional[Any] = None,
+        queue: Optional[str] = None,
+        status: Optional[str] = None,
+        limit: Optional[int] = None,
+    ) -> list[dict[str, Any]]: ...
+    def inserted_async(
+        self,
+        workflow: str,
+        state: Optional[Any] = None,
+        queue: Optional[str] = None,
+        status: Optional[str] = None,
+        limit: Optional[int] = None,
+    ) -> Awaitable[list[dict[str, Any]]]: ...
+    def use_loop(self, event_loop: asyncio.AbstractEventLoop) -> None: ...
     def cancel(self, id: int, reason: Optional[str] = None) -> tuple[str, Optional[str]]: ...
     def cancel_async(
         self, id: int, reason: Optional[str] = None

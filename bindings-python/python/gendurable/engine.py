@@ -16,14 +16,16 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Callable, Optional, TypeVar, Union
 
 from . import _gendurable
+from .cron import Cron
 from .errors import Error, InvalidConfig, InvalidInput
 from .transitions import ConcurrencyKey, key_str
 from .unique import Inserted, Unique
 
-__all__ = ["Cancelled", "Engine", "Instance", "NewInstance", "workflow"]
+__all__ = ["Cancelled", "Delivery", "Engine", "Instance", "NewInstance", "step", "workflow"]
 
 T = TypeVar("T")
 _MARK = "__gendurable_workflow__"
+_STEP_MARK = "__gendurable_step__"
 _UNSET: Any = object()
 
 
@@ -36,6 +38,7 @@ def workflow(
     priority: Optional[int] = None,
     max_attempts: Optional[int] = None,
     backoff: Optional[tuple[float, float]] = None,
+    timeout: Union[float, _dt.timedelta, None] = None,
 ) -> Callable[[T], T]:
     """Mark a class or a function as the workflow ``name``, to be registered
     with ``Engine(workflows=[...])`` or ``engine.register(...)``.
@@ -57,14 +60,19 @@ def workflow(
     ``queue``, ``priority`` and ``max_attempts`` are what an insert of this
     workflow gets when it does not name them (else the engine's: ``"default"``,
     0, 20); ``backoff=(base, max)``, in seconds, is how its errors are retried
-    (else the engine's ``backoff``). The core checks them when the engine is
-    built.
+    (else the engine's ``backoff``). ``timeout``, in seconds, is how long each
+    of its steps may run (a step's own :func:`gendurable.step` timeout wins):
+    at the deadline an ``async def`` step's task is cancelled
+    (``asyncio.CancelledError`` at its next ``await``), a ``def`` step is
+    recorded as timed out (its thread runs on, its result ignored), and the
+    error, of kind ``timeout``, is retried like any other. The core checks
+    them when the workflow is registered.
     """
     _gendurable.check_name("workflow", _str("workflow", name))
     if step is not None:
         _gendurable.check_name("step", _str("step", step))
     declared = _declared_rate_limits(rate_limits)
-    defaults = _defaults(name, queue, priority, max_attempts, backoff)
+    defaults = _defaults(name, queue, priority, max_attempts, backoff, timeout)
 
     def mark(target: T) -> T:
         marks = list(getattr(target, _MARK, ()))
@@ -78,6 +86,42 @@ def workflow(
         return target
 
     return mark
+
+
+def step(*, timeout: Union[float, _dt.timedelta]) -> Callable[[T], T]:
+    """Declare how long a step may run, in seconds (or a ``timedelta``): on a
+    step method of a workflow class, or on a function registered with
+    ``step=``. Wins over the workflow's ``timeout``::
+
+        @engine.workflow("Charge", timeout=30)
+        class Charge:
+            @gendurable.step(timeout=10)
+            async def capture(self, state, ctx): ...
+
+    At the deadline an ``async def`` step's task is cancelled
+    (``asyncio.CancelledError`` at its next ``await``); a ``def`` step is
+    recorded as timed out, its thread running on and its result ignored. The
+    error, of kind ``timeout``, is retried like any other. The core checks the
+    value when the workflow is registered."""
+    ms = _millis(timeout)
+
+    def mark(fn: T) -> T:
+        target = fn.__func__ if isinstance(fn, (staticmethod, classmethod)) else fn
+        try:
+            setattr(target, _STEP_MARK, {"timeout": ms})
+        except (AttributeError, TypeError) as exc:
+            raise InvalidInput(
+                f"invalid step: cannot declare a timeout on {fn!r}", field="step"
+            ) from exc
+        return fn
+
+    return mark
+
+
+def _step_timeout(fn: Any) -> Optional[Any]:
+    """The timeout :func:`step` declared on ``fn`` (milliseconds), if any."""
+    declared = getattr(fn, _STEP_MARK, None)
+    return declared.get("timeout") if isinstance(declared, dict) else None
 
 
 def _declared_rate_limits(rate_limits: Optional[Mapping[str, str]]) -> dict[str, str]:
@@ -99,15 +143,17 @@ def _defaults(
     priority: Optional[int],
     max_attempts: Optional[int],
     backoff: Optional[tuple[float, float]],
+    timeout: Union[float, _dt.timedelta, None] = None,
 ) -> dict[str, Any]:
     """A workflow's defaults as the core's ``workflow_defaults`` entry
-    (gendurable::options::WorkflowDefaultsOptions): those given, backoff in
-    milliseconds. The core checks the values."""
+    (gendurable::options::WorkflowDefaultsOptions): those given, backoff and
+    timeout in milliseconds. The core checks the values."""
     return _given(
         queue=queue,
         priority=priority,
         max_attempts=max_attempts,
         backoff=None if backoff is None else _backoff(backoff, f"workflow {name!r}: backoff"),
+        timeout=None if timeout is None else _millis(timeout),
     )
 
 
@@ -134,8 +180,11 @@ class _Workflow:
         self.steps: dict[str, tuple[Callable[..., Any], bool, bool]] = {}
         self.fallback: Optional[tuple[Callable[..., Any], bool, bool]] = None
         self.rate_limits: dict[str, str] = {}
-        # The core's workflow_defaults entry: queue, priority, max_attempts, backoff.
+        # The core's workflow_defaults entry: queue, priority, max_attempts,
+        # backoff, timeout.
         self.defaults: dict[str, Any] = {}
+        # The core's step_timeouts entry: step -> milliseconds.
+        self.timeouts: dict[str, Any] = {}
 
     def copy(self) -> _Workflow:
         w = _Workflow(self.name)
@@ -143,6 +192,7 @@ class _Workflow:
         w.fallback = self.fallback
         w.rate_limits = dict(self.rate_limits)
         w.defaults = dict(self.defaults)
+        w.timeouts = dict(self.timeouts)
         return w
 
     def table(self) -> tuple:
@@ -167,11 +217,19 @@ class _Workflow:
         if step in self.steps:
             raise InvalidConfig(f"workflow {self.name!r}: step {step!r} is defined twice")
         self.steps[step] = (fn, _is_async(fn), takes_step)
+        timeout = _step_timeout(fn)
+        if timeout is not None:
+            self.timeouts[step] = timeout
 
     def set_fallback(self, fn: Callable[..., Any]) -> None:
         if self.fallback is not None:
             raise InvalidConfig(
                 f"workflow {self.name!r}: a catch-all step function is defined twice"
+            )
+        if _step_timeout(fn) is not None:
+            raise InvalidConfig(
+                f"workflow {self.name!r}: a catch-all step function runs many steps; give"
+                " the workflow a timeout (timeout=...) rather than the function"
             )
         self.fallback = (fn, _is_async(fn), True)
 
@@ -192,6 +250,18 @@ class _Workflow:
                     self.add_step(attr, fn)
         if not self.steps and self.fallback is None:
             raise InvalidConfig(f"workflow {self.name!r}: class {cls.__name__} has no step methods")
+
+
+class Delivery(str, enum.Enum):
+    """What :meth:`Engine.send` did with a signal."""
+
+    WOKEN = "woken"
+    """The instance was awaiting: it is woken with the signal."""
+    KEPT = "kept"
+    """It was not awaiting: the signal is kept until it awaits that name,
+    then delivered at once (in the order sent, once)."""
+    FINISHED = "finished"
+    """It had finished: nothing was kept."""
 
 
 class Cancelled(str, enum.Enum):
@@ -490,6 +560,15 @@ class Engine:
     (``gendurable::options``), durations in seconds given to it in
     milliseconds.
 
+    ``cron`` lists periodic workflows (:class:`gendurable.Cron`), inserted
+    at each tick while this engine's worker runs, once cluster-wide.
+
+    ``inline=True`` is for unit tests: every insert runs the queues it
+    inserted into to the end before it returns (see
+    :func:`gendurable.testing.drain`), so a test can insert and assert on the
+    outcome at once. Instances that await stay awaiting; a retry waits for
+    its backoff (drain with ``scheduled=True`` to run it).
+
     Register every workflow before the first call (an insert, :meth:`get`,
     :meth:`start`...): it builds the one engine that its calls and its worker
     go through, with the workflows registered by then.
@@ -514,6 +593,8 @@ class Engine:
         backoff: Optional[tuple[float, float]] = None,
         max_connections: Optional[int] = None,
         connect_timeout: Union[float, _dt.timedelta, None] = None,
+        cron: Iterable[Cron] = (),
+        inline: bool = False,
     ) -> None:
         if url is None:
             url = os.environ.get("DATABASE_URL") or None
@@ -538,13 +619,14 @@ class Engine:
             "connect_timeout": _millis(connect_timeout),
             "backoff": _backoff(backoff),
             "pool_size": max_connections,
+            "cron": _cron(cron),
         }
         if retention is not _UNSET:
             options["retention"] = "infinity" if retention is None else _millis(retention)
         _check_fork()
         global _used
         _used = True
-        self._core = _gendurable.Core(options)
+        self._core = _gendurable.Core(options, inline=bool(inline))
         self._options = options
         self.schema = schema
         self._workflows: dict[str, _Workflow] = {}
@@ -552,6 +634,7 @@ class Engine:
         # worker starts or stops.
         self._lock = threading.RLock()
         self._loop: Optional[_LoopThread] = None
+        self._inline = bool(inline)
         self._stop = threading.Event()
         for w in workflows:
             self.register(w)
@@ -568,6 +651,7 @@ class Engine:
         priority: Optional[int] = None,
         max_attempts: Optional[int] = None,
         backoff: Optional[tuple[float, float]] = None,
+        timeout: Union[float, _dt.timedelta, None] = None,
     ) -> Callable[[T], T]:
         """Like :func:`gendurable.workflow`, and registers the target with this engine."""
         mark = workflow(
@@ -578,9 +662,10 @@ class Engine:
             priority=priority,
             max_attempts=max_attempts,
             backoff=backoff,
+            timeout=timeout,
         )
         declared = _declared_rate_limits(rate_limits)
-        defaults = _defaults(name, queue, priority, max_attempts, backoff)
+        defaults = _defaults(name, queue, priority, max_attempts, backoff, timeout)
 
         def decorate(target: T) -> T:
             self._add(name, step, target, declared, defaults)
@@ -632,8 +717,20 @@ class Engine:
             w.add_rate_limits(declared)
             w.add_defaults(defaults)
             workflows = {**self._workflows, name: w}
-            self._core.check([x.table() for x in workflows.values()])
+            self._core.check(
+                [x.table() for x in workflows.values()], self._build_options(workflows.values())
+            )
             self._workflows = workflows
+
+    def _build_options(self, workflows: Iterable[_Workflow]) -> dict[str, Any]:
+        """The engine's options with what the workflows declare: their
+        defaults and step timeouts."""
+        workflows = list(workflows)
+        return {
+            **self._options,
+            "workflow_defaults": {w.name: w.defaults for w in workflows if w.defaults},
+            "step_timeouts": {w.name: w.timeouts for w in workflows if w.timeouts},
+        }
 
     def _native(self) -> Any:
         """The native engine, built at the first call with the workflows
@@ -644,12 +741,24 @@ class Engine:
             with self._lock:
                 if not core.built:
                     workflows = self._workflows.values()
-                    options = {
-                        **self._options,
-                        "workflow_defaults": {w.name: w.defaults for w in workflows if w.defaults},
-                    }
-                    core.build([w.table() for w in workflows], options)
+                    core.build([w.table() for w in workflows], self._build_options(workflows))
         return core
+
+    def _steps_loop(self) -> Any:
+        """The native engine, with an event loop for the async steps that a
+        drain (or an inline insert) runs while the worker does not run."""
+        core = self._native()
+        if self._loop is None:
+            with self._lock:
+                if self._loop is None and not core.running:
+                    loop = _LoopThread()
+                    core.use_loop(loop.loop)
+                    self._loop = loop
+        return core
+
+    def _inserting(self) -> Any:
+        """The native engine for an insert: an inline engine runs steps then."""
+        return self._steps_loop() if self._inline else self._native()
 
     @property
     def workflows(self) -> list[str]:
@@ -719,7 +828,7 @@ class Engine:
             idempotency_key=idempotency_key,
         )
         _check_fork()
-        return _inserted(self._native().insert_many([new._d]))[0]
+        return _inserted(self._inserting().insert_many([new._d]))[0]
 
     async def insert_async(
         self,
@@ -752,7 +861,7 @@ class Engine:
             unique=unique,
             idempotency_key=idempotency_key,
         )
-        return _inserted(await self._native().insert_many_async([new._d]))[0]
+        return _inserted(await self._inserting().insert_many_async([new._d]))[0]
 
     def insert_many(self, instances: Iterable[NewInstance]) -> list[Inserted]:
         """Insert many instances in one round trip; all or none. Returns an
@@ -762,11 +871,11 @@ class Engine:
         first of an identity is inserted, the later ones report it with
         ``conflict`` true."""
         _check_fork()
-        return _inserted(self._native().insert_many(_news(instances)))
+        return _inserted(self._inserting().insert_many(_news(instances)))
 
     async def insert_many_async(self, instances: Iterable[NewInstance]) -> list[Inserted]:
         """:meth:`insert_many` for asyncio."""
-        return _inserted(await self._native().insert_many_async(_news(instances)))
+        return _inserted(await self._inserting().insert_many_async(_news(instances)))
 
     def get(self, id: int) -> Instance:
         """Read an instance back; raises :class:`gendurable.NotFound`."""
@@ -777,20 +886,56 @@ class Engine:
         """:meth:`get` for asyncio."""
         return Instance(await self._native().get_async(_id(id)))
 
-    def signal(self, name: str, payload: Any = None, *, id: Optional[int] = None) -> int:
+    def signal(
+        self,
+        name: str,
+        payload: Any = None,
+        *,
+        id: Optional[int] = None,
+        ttl: Union[float, _dt.timedelta, None] = None,
+    ) -> int:
         """Wake every instance awaiting signal ``name`` (or, with ``id``, that one
         instance whatever it awaits); the woken step sees ``payload`` in
-        ``ctx.wake``. Returns how many were woken. A signal nobody awaits is not kept."""
+        ``ctx.wake``. Returns how many were woken.
+
+        A signal nobody awaits is not kept, unless ``ttl`` (seconds, or a
+        ``timedelta``) is given: then one that woke nobody is kept that long
+        and delivered to the first instance that awaits ``name`` meanwhile
+        (once). To keep a signal for one instance until it awaits it, use
+        :meth:`send`."""
         _check_fork()
-        return self._native().signal(_str("signal", name), payload, None if id is None else _id(id))
+        return self._native().signal(
+            _str("signal", name), payload, None if id is None else _id(id), _ttl(ttl)
+        )
 
     async def signal_async(
-        self, name: str, payload: Any = None, *, id: Optional[int] = None
+        self,
+        name: str,
+        payload: Any = None,
+        *,
+        id: Optional[int] = None,
+        ttl: Union[float, _dt.timedelta, None] = None,
     ) -> int:
         """:meth:`signal` for asyncio."""
         return await self._native().signal_async(
-            _str("signal", name), payload, None if id is None else _id(id)
+            _str("signal", name), payload, None if id is None else _id(id), _ttl(ttl)
         )
+
+    def send(self, id: int, name: str, payload: Any = None) -> Delivery:
+        """Send signal ``name`` to one instance. If it is awaiting (whatever it
+        awaits) it wakes now with the signal: :attr:`Delivery.WOKEN`. If it has
+        not reached its await yet, the signal is kept and delivered the moment
+        it awaits ``name`` (in the order sent, each once):
+        :attr:`Delivery.KEPT`. A finished instance gets nothing:
+        :attr:`Delivery.FINISHED`. Raises :class:`gendurable.NotFound`."""
+        _check_fork()
+        what, _status = self._native().send(_id(id), _str("signal", name), payload)
+        return Delivery(what)
+
+    async def send_async(self, id: int, name: str, payload: Any = None) -> Delivery:
+        """:meth:`send` for asyncio."""
+        what, _status = await self._native().send_async(_id(id), _str("signal", name), payload)
+        return Delivery(what)
 
     def cancel(self, id: int, reason: Optional[str] = None) -> Cancelled:
         """Cancel an instance: at once if it is not executing, else when its
@@ -834,7 +979,8 @@ class Engine:
                 )
             core = self._native()
             self._stop.clear()
-            self._loop = _LoopThread()
+            if self._loop is None:
+                self._loop = _LoopThread()
             try:
                 core.start(self._loop.loop)
             except BaseException:
@@ -967,6 +1113,50 @@ def _id(v: Any) -> int:
     if not -(2**63) <= v < 2**63:
         raise InvalidInput(f"invalid id: out of range: {v}", field="id")
     return v
+
+
+def _ttl(v: Any) -> Optional[float]:
+    """A signal's time to live in seconds, as the native side takes it."""
+    if v is None:
+        return None
+    if isinstance(v, _dt.timedelta):
+        return v.total_seconds()
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise InvalidInput(f"invalid ttl: must be a number of seconds, got {v!r}", field="ttl")
+    return float(v)
+
+
+def _cron(entries: Iterable[Any]) -> list[dict[str, Any]]:
+    """:class:`Cron` entries as the core's ``cron`` option
+    (gendurable::options::CronOptions); the core checks the values."""
+    if isinstance(entries, Cron) or not isinstance(entries, Iterable):
+        raise InvalidConfig(f"cron must be a list of gendurable.Cron entries, got {entries!r}")
+    out = []
+    for c in entries:
+        if not isinstance(c, Cron):
+            raise InvalidConfig(f"cron: expected gendurable.Cron entries, got {c!r}")
+        instance = _given(
+            workflow=c.workflow,
+            state={} if c.state is None else c.state,
+            step=c.step,
+            queue=c.queue,
+            priority=c.priority,
+            max_attempts=c.max_attempts,
+            concurrency_key=None if c.concurrency_key is None else key_str(c.concurrency_key),
+            rate_limit=c.rate_limit,
+            unique=None if c.unique is None else _unique(c.unique),
+            idempotency_key=c.idempotency_key,
+        )
+        out.append(
+            _given(
+                schedule=c.schedule,
+                instance=instance,
+                name=c.name,
+                timezone=c.timezone,
+                missed=c.missed,
+            )
+        )
+    return out
 
 
 def _inserted(pairs: list[tuple[int, bool]]) -> list[Inserted]:
