@@ -70,6 +70,12 @@ defmodule GenDurable do
       Every key a workflow declares with `use GenDurable, rate_limits:` must
       be named here.
     * `:workflows` — the workflow modules this node runs.
+    * `:cron` — periodic workflows: a list of `{schedule, workflow, opts}`.
+      See "Periodic workflows" below.
+    * `:step_timeouts` — `[{"Workflow", %{"step" => ms}}]`, for workflows
+      that do not declare their own (see "Step timeouts" below).
+    * `:inline` — `true` in unit tests: every insert runs the queues it
+      inserted into to the end before it returns. See `GenDurable.Testing`.
     * `:poll_interval`, `:heartbeat_interval`, `:lease`, `:shutdown_timeout`,
       `:gc_interval`, `:connect_timeout` — milliseconds; `:backoff` —
       `[base: ms, max: ms]` for retries; `:retention` — how long finished
@@ -123,8 +129,23 @@ defmodule GenDurable do
   outside, or a return value that is none of the above. Steps run in
   processes of a `Task.Supervisor` owned by the engine, at most each queue's
   concurrency at once; they never take the VM down. A step the engine stops
-  (still running at the shutdown timeout, or its claim lost while the node
-  was presumed dead) has its process killed.
+  (past its timeout, its instance cancelled, still running at the shutdown
+  timeout, or its claim lost while the node was presumed dead) has its
+  process killed.
+
+  ## Signals
+
+  A step that returns `{:await, step, state, signal: name}` parks until
+  the signal comes. Signals are kept until they are consumed, so a sender
+  never has to poll for the await:
+
+    * `send/4` — to one instance: if it is awaiting, it wakes now; if it
+      has not reached its await yet, the signal is kept in its mailbox and
+      delivered the moment it awaits `name`, in the order sent, each once.
+      Returns `{:ok, :woken | :kept | {:finished, status}}`.
+    * `signal/3` — to every instance awaiting `name` now; nothing is kept.
+      With `ttl: ms`, a signal that woke nobody is kept that long for the
+      first instance that awaits `name`.
 
   ## Concurrency keys
 
@@ -197,6 +218,80 @@ defmodule GenDurable do
   module, and retries take the backoff on the nodes that run it: every node
   running a workflow should declare the same defaults.
 
+  ## Step timeouts
+
+  A workflow can bound how long its steps run:
+
+      defmodule Payments.Capture do
+        use GenDurable, timeout: 30_000, step_timeouts: %{"capture" => 10_000}
+
+        @impl true
+        def handle_step("start", state, _ctx), do: {:next, "capture", state}
+        def handle_step("capture", state, _ctx), do: {:done, PSP.capture!(state)}
+      end
+
+    * `:timeout` (ms) — every step of the workflow;
+    * `:step_timeouts` — `%{step => ms}` for the steps named, winning over
+      `:timeout`.
+
+  At the deadline the step's process is **killed** (`Process.exit(pid,
+  :kill)`: processes linked to it, such as its `Task.async/1` tasks, go
+  with it) and the step is an error of kind `"timeout"` (`step "capture"
+  timed out after 10s` in the instance's `:errors`), retried with backoff
+  like any error and discarded after `max_attempts`. The timeout is
+  measured by the node running the step, from its start; an answer the
+  step would send after it is ignored.
+
+  They become the core's `workflow_defaults` (`timeout`) and
+  `step_timeouts` options for each module in `:workflows`, checked when
+  the engine starts. `:step_timeouts` must be a map of step names
+  (strings) to positive integers, checked when the module is compiled.
+
+  Cancelling an executing instance (`cancel/2`) kills its step's process
+  the same way; its outcome records the cancellation.
+
+  ## Periodic workflows
+
+  The engine's `:cron` option inserts an instance at every tick of a
+  schedule; every node that runs the engine with the entry tries, and the
+  database inserts each tick once, cluster-wide:
+
+      {GenDurable,
+       url: url,
+       queues: [default: 10],
+       workflows: [Reports.Daily, Cleanup],
+       cron: [
+         {"0 6 * * *", Reports.Daily,
+          state: %{"kind" => "daily"}, name: "daily-report", timezone: "Europe/Paris"},
+         {"*/10 * * * * *", Cleanup, queue: "maintenance", missed: :skip}
+       ]}
+
+  Each entry is `{schedule, workflow}` or `{schedule, workflow, opts}`:
+
+    * `schedule` — five cron fields (minute to day of week), or six with
+      seconds first, or `@hourly`, `@daily`, ...: see docs/cron.md.
+    * `workflow` — a module using `GenDurable`, or a workflow name.
+    * `:name` — the entry's name, which matches it across nodes (default:
+      the workflow's name; two entries of a workflow need names).
+    * `:timezone` — an IANA time zone (default UTC).
+    * `:missed` — ticks that passed while no node ran the entry:
+      `:latest` (default: the latest one, once), `:all` or `:skip`.
+    * any option of `insert/2` but `:engine`, `:schedule_in` and
+      `:scheduled_at` (`:state`, `:queue`, `:priority`,
+      `:concurrency_key`, `:unique`, ...): the instance inserted, scheduled
+      at the tick's time. The workflow's defaults apply as to any insert.
+
+  The core checks the entries when the engine starts; an error names the
+  entry: `engine option cron[0].missed: expected "latest", "all" or
+  "skip", got "never"`.
+
+  ## Testing
+
+  `GenDurable.Testing` runs a queue's instances to their end in a test
+  (`drain_queue/2`) and asserts on what was inserted (`assert_inserted/2`,
+  `refute_inserted/2`); the engine option `inline: true` runs each insert's
+  queues before the insert returns.
+
   ## Enqueue in your own transaction
 
   `enqueue_query/3` returns the statement and parameters that insert an
@@ -213,6 +308,10 @@ defmodule GenDurable do
   limit declared for its first step, as an insert through an engine does;
   the engines' configuration does not apply (see `enqueue_query/3`).
   """
+
+  # `GenDurable.send/4` sends a signal to an instance; messages are sent
+  # with `Kernel.send/2`, written in full.
+  import Kernel, except: [send: 2]
 
   alias GenDurable.{Error, Native, Options}
 
@@ -257,15 +356,19 @@ defmodule GenDurable do
     * `:queue`, `:priority`, `:max_attempts`, `:backoff` (`{base, max}` in
       milliseconds) — the workflow's defaults. See "Defaults per workflow"
       in the module documentation.
+    * `:timeout` (ms) and `:step_timeouts` (`%{step => ms}`) — how long
+      its steps may run. See "Step timeouts" in the module documentation.
 
-  An unknown option or a bad `:rate_limits` raises `ArgumentError` when the
-  module is compiled; the engine's core checks the defaults when it starts.
+  An unknown option or a bad `:rate_limits` or `:step_timeouts` raises
+  `ArgumentError` when the module is compiled; the engine's core checks the
+  defaults when it starts.
   """
   defmacro __using__(opts) do
     quote bind_quoted: [opts: opts] do
       @behaviour GenDurable
-      {rate_limits, defaults} = GenDurable.__use__!(__MODULE__, opts)
+      {rate_limits, step_timeouts, defaults} = GenDurable.__use__!(__MODULE__, opts)
       @gen_durable_rate_limits rate_limits
+      @gen_durable_step_timeouts step_timeouts
       @gen_durable_defaults defaults
 
       @doc false
@@ -275,18 +378,22 @@ defmodule GenDurable do
       def __gen_durable_rate_limits__, do: @gen_durable_rate_limits
 
       @doc false
+      def __gen_durable_step_timeouts__, do: @gen_durable_step_timeouts
+
+      @doc false
       def __gen_durable_defaults__, do: @gen_durable_defaults
     end
   end
 
-  @defaults [:queue, :priority, :max_attempts, :backoff]
-  @use_options [:rate_limits | @defaults]
+  @defaults [:queue, :priority, :max_attempts, :backoff, :timeout]
+  @use_options [:rate_limits, :step_timeouts | @defaults]
 
   @doc false
   # Checks the options of `use GenDurable` when the workflow module is
-  # compiled; returns the declared rate limits and the workflow's defaults
-  # (a keyword list of those given). The defaults' values are the core's to
-  # check, when the engine starts.
+  # compiled; returns the declared rate limits, the declared step timeouts
+  # and the workflow's defaults (a keyword list of those given, `:timeout`
+  # included). The defaults' values are the core's to check, when the
+  # engine starts.
   def __use__!(module, opts) do
     what = "use GenDurable in #{inspect(module)}"
 
@@ -305,11 +412,41 @@ defmodule GenDurable do
     end
 
     declared = Keyword.get(opts, :rate_limits, %{})
+    timeouts = Keyword.get(opts, :step_timeouts, %{})
 
-    case check_rate_limits(declared) do
-      :ok -> {declared, Keyword.take(opts, @defaults)}
+    with :ok <- check_rate_limits(declared),
+         :ok <- check_step_timeouts(timeouts) do
+      {declared, timeouts, Keyword.take(opts, @defaults)}
+    else
       {:error, message} -> raise ArgumentError, "#{what}: #{message}"
     end
+  end
+
+  # A `step_timeouts: %{step => ms}` declaration: a map of non-empty
+  # strings to positive integers (milliseconds).
+  defp check_step_timeouts(declared) when is_map(declared) and not is_struct(declared) do
+    declared
+    |> Enum.sort()
+    |> Enum.find_value(:ok, fn {step, ms} ->
+      cond do
+        not non_empty_string?(step) ->
+          {:error, "step_timeouts: step names must be non-empty strings, got: #{inspect(step)}"}
+
+        not (is_integer(ms) and ms > 0) ->
+          {:error,
+           "step_timeouts: the timeout of step #{inspect(step)} must be a positive integer " <>
+             "(milliseconds), got: #{inspect(ms)}"}
+
+        true ->
+          nil
+      end
+    end)
+  end
+
+  defp check_step_timeouts(other) do
+    {:error,
+     "step_timeouts must be a map of step names to milliseconds, such as " <>
+       "%{\"capture\" => 10_000}, got: #{inspect(other)}"}
   end
 
   # A `rate_limits: %{step => key}` declaration: a map of non-empty strings,
@@ -565,15 +702,28 @@ defmodule GenDurable do
   @doc """
   Wakes every instance awaiting the signal `name`; their next step sees
   `{:signal, name, payload}` as the context's `:wake`. Returns
-  `{:ok, woken}`. A signal sent while nothing awaits it is not kept.
+  `{:ok, woken}`. A signal sent while nothing awaits it is not kept (a
+  broadcast), unless it is given `:ttl`.
+
+  Options:
+
+    * `:ttl` — milliseconds: a signal that wakes nobody is kept that long
+      and delivered to the **first** instance that awaits `name` meanwhile
+      (once); it wakes at once when it awaits. `{:ok, 0}` then says it was
+      kept.
+    * `:engine` — the engine's name (default `GenDurable`).
+
+  To reach one instance, whether or not it awaits yet, use `send/4`.
 
       {:ok, 1} = GenDurable.signal("approve:42", %{"by" => "ann"})
+      {:ok, 0} = GenDurable.signal("rates-published", %{"day" => "2024-06-01"}, ttl: 3_600_000)
   """
   @spec signal(String.t(), term, keyword) :: {:ok, non_neg_integer} | {:error, Error.t()}
   def signal(name, payload \\ %{}, opts \\ []) do
     with {:ok, engine} <- engine(opts),
-         {:ok, name} <- string(name, :signal) do
-      native(&Native.signal(engine, name, payload, &1))
+         {:ok, name} <- string(name, :signal),
+         {:ok, ttl} <- ttl(Keyword.get(opts, :ttl)) do
+      native(&Native.signal(engine, name, payload, ttl, &1))
     end
   end
 
@@ -581,8 +731,40 @@ defmodule GenDurable do
   def signal!(name, payload \\ %{}, opts \\ []), do: bang(signal(name, payload, opts))
 
   @doc """
+  Sends the signal `name` to one instance. If it is awaiting (whatever it
+  awaits), it wakes now with the signal. If it has not reached its await
+  yet, the signal is **kept** in its mailbox and delivered the moment it
+  awaits `name`: signals are delivered in the order sent, each once, so a
+  sender never has to poll for the await. The woken step sees
+  `{:signal, name, payload}` as the context's `:wake`.
+
+  Returns `{:ok, :woken}`, `{:ok, :kept}`, or `{:ok, {:finished, status}}`
+  when the instance had finished (nothing is kept); an unknown id is an
+  error of kind `:not_found`. Options: `:engine`.
+
+      # The payment provider answers before the workflow got to its await:
+      {:ok, :kept} = GenDurable.send(id, "payment_confirmed", %{"charge" => "ch_1"})
+      # ...and the step that returns {:await, "paid", state, signal: "payment_confirmed"}
+      # is woken at once, with ctx.wake == {:signal, "payment_confirmed", %{"charge" => "ch_1"}}.
+  """
+  @spec send(integer, String.t(), term, keyword) ::
+          {:ok, :woken | :kept | {:finished, GenDurable.Instance.status()}}
+          | {:error, Error.t()}
+  def send(id, name, payload \\ %{}, opts \\ []) do
+    with {:ok, engine} <- engine(opts),
+         :ok <- id(id),
+         {:ok, name} <- string(name, :signal) do
+      native(&Native.send_signal(engine, id, name, payload, &1))
+    end
+  end
+
+  @doc "Like `send/4`, raising `GenDurable.Error`."
+  def send!(id, name, payload \\ %{}, opts \\ []), do: bang(send(id, name, payload, opts))
+
+  @doc """
   Wakes one awaiting instance by id, whatever signal it awaits. Returns
-  `{:ok, true}` if it was awaiting.
+  `{:ok, true}` if it was awaiting. Otherwise the signal is kept until the
+  instance awaits `name`, as `send/4` does (which says which happened).
   """
   @spec signal_instance(integer, String.t(), term, keyword) ::
           {:ok, boolean} | {:error, Error.t()}
@@ -596,8 +778,11 @@ defmodule GenDurable do
 
   @doc """
   Cancels an instance. Returns `{:ok, :now}` if it was not executing,
-  `{:ok, :at_outcome}` if it is executing (its step's outcome records the
-  cancellation), or `{:ok, {:already_finished, status}}`.
+  `{:ok, :at_outcome}` if it is executing, or `{:ok, {:already_finished,
+  status}}`. An executing instance's node is told at once: it kills the
+  step's process and records the outcome, `:cancelled` (a node that misses
+  the word lets the step finish; its outcome records the cancellation all
+  the same, unless it is `:done`).
 
   Options: `:reason` (recorded with the instance), `:engine`.
   """
@@ -690,6 +875,19 @@ defmodule GenDurable do
   end
 
   # -- Helpers --------------------------------------------------------------
+
+  @doc false
+  # An insert as the core reads it (see new_instance/2), for the engine's
+  # `:cron` entries.
+  def __instance__(workflow, opts), do: new_instance(workflow, opts)
+
+  @doc false
+  # The running engine named by `opts[:engine]`, and a call to the NIF with
+  # its errors as `GenDurable.Error`s: for `GenDurable.Testing`.
+  def __engine__(opts), do: engine(opts)
+
+  @doc false
+  def __native__(fun), do: native(fun)
 
   @doc false
   # A key as stored: "name:rest", from a string or a {name, id} tuple.
@@ -980,6 +1178,15 @@ defmodule GenDurable do
 
   defp string(other, field),
     do: {:error, Error.input(field, "invalid #{field}: must be a string, got: #{inspect(other)}")}
+
+  defp ttl(nil), do: {:ok, nil}
+  # Zero is the core's to refuse, with its message.
+  defp ttl(ms) when is_integer(ms) and ms >= 0, do: {:ok, ms}
+
+  defp ttl(other),
+    do:
+      {:error,
+       Error.input(:ttl, "invalid ttl: must be positive milliseconds, got: #{inspect(other)}")}
 
   defp opt_string(nil, _field), do: {:ok, nil}
   defp opt_string(s, field), do: string(s, field)

@@ -13,9 +13,18 @@ defmodule GenDurable.Options do
   #     handle_step/3. Its workflow name, the rate limits it declares
   #     (`use GenDurable, rate_limits: ...`) and its defaults (`use
   #     GenDurable, queue: ..., priority: ..., max_attempts: ..., backoff:
-  #     {base, max}`) become the core's workflows, `step_rate_limits` and
-  #     `workflow_defaults`; a `{base, max}` backoff becomes `[base:, max:]`
-  #     and the core checks the values;
+  #     {base, max}, timeout: ms`) and its step timeouts (`step_timeouts:
+  #     %{step => ms}`) become the core's workflows, `step_rate_limits`,
+  #     `workflow_defaults` and `step_timeouts`; a `{base, max}` backoff
+  #     becomes `[base:, max:]` and the core checks the values;
+  #   * `:cron`, a list of `{schedule, workflow, opts}` (or `{schedule,
+  #     workflow}`): each becomes the core's `{"schedule", "instance",
+  #     "name", "timezone", "missed"}`, the instance being the insert
+  #     `GenDurable.insert(workflow, opts)` would make of the options other
+  #     than `:name`, `:timezone` and `:missed`; an entry given as a map or
+  #     keyword list is the core's own shape, passed on;
+  #   * `:inline` is read by the NIF, which gives it to the core's builder
+  #     (it is not one of the core's `EngineOptions`);
   #   * `:url` defaults to the `DATABASE_URL` variable;
   #   * a keyword list can give a name twice and a map cannot: a name given
   #     twice is refused rather than one of its values dropped;
@@ -34,11 +43,13 @@ defmodule GenDurable.Options do
          :ok <- no_duplicates(opts, []),
          {:ok, name} <- name(Keyword.get(opts, :name, GenDurable)),
          {:ok, workflows} <- workflows(Keyword.get(opts, :workflows, [])),
-         {:ok, options} <- translate(Keyword.drop(opts, [:name, :workflows]), []),
+         {:ok, options} <- translate(Keyword.drop(opts, [:name, :workflows, :cron]), []),
+         {:ok, options} <- cron(options, Keyword.fetch(opts, :cron)),
          {:ok, options} <- url(options) do
       options =
         options
         |> declare("step_rate_limits", for(w <- workflows, do: {w.name, w.rate_limits}))
+        |> declare("step_timeouts", for(w <- workflows, do: {w.name, w.step_timeouts}))
         |> declare("workflow_defaults", for(w <- workflows, do: {w.name, w.defaults}))
 
       {:ok,
@@ -147,6 +158,64 @@ defmodule GenDurable.Options do
 
   defp segment({other, _}), do: "[#{inspect(other)}]"
 
+  # -- Cron -------------------------------------------------------------------
+
+  @cron_entry_options [:name, :timezone, :missed]
+
+  defp cron(options, :error), do: {:ok, options}
+  defp cron(options, {:ok, nil}), do: {:ok, options}
+
+  defp cron(options, {:ok, entries}) when is_list(entries) do
+    entries
+    |> Enum.with_index()
+    |> Enum.reduce_while({:ok, []}, fn {entry, i}, {:ok, acc} ->
+      case cron_entry(entry, ["cron", i]) do
+        {:ok, e} -> {:cont, {:ok, [e | acc]}}
+        err -> {:halt, err}
+      end
+    end)
+    |> case do
+      {:ok, acc} -> {:ok, Map.put(options, "cron", Enum.reverse(acc))}
+      err -> err
+    end
+  end
+
+  # Not a list: the core says what it expected.
+  defp cron(options, {:ok, other}), do: {:ok, Map.put(options, "cron", other)}
+
+  defp cron_entry({schedule, workflow}, path), do: cron_entry({schedule, workflow, []}, path)
+
+  defp cron_entry({schedule, workflow, opts}, path) do
+    if is_list(opts) and Keyword.keyword?(opts) do
+      {entry, insert} = Keyword.split(opts, @cron_entry_options)
+
+      with :ok <- no_duplicates(opts, path),
+           {:ok, instance} <- instance(workflow, insert, path) do
+        entry = Map.new(entry, fn {k, v} -> {Atom.to_string(k), v} end)
+        {:ok, Map.merge(entry, %{"schedule" => schedule, "instance" => instance})}
+      end
+    else
+      error("#{place(path)}: the options must be a keyword list, got: #{inspect(opts)}")
+    end
+  end
+
+  defp cron_entry(entry, path) when is_tuple(entry) do
+    error(
+      "#{place(path)}: expected {schedule, workflow} or {schedule, workflow, options}, " <>
+        "got: #{inspect(entry)}"
+    )
+  end
+
+  # A map or keyword list in the core's own shape.
+  defp cron_entry(entry, path), do: translate(entry, path)
+
+  defp instance(workflow, opts, path) do
+    case GenDurable.__instance__(workflow, opts) do
+      {:ok, instance} -> {:ok, instance}
+      {:error, e} -> error("#{place(path)}: #{e.message}")
+    end
+  end
+
   # -- Workflows --------------------------------------------------------------
 
   defp workflows(mods) when is_list(mods) do
@@ -170,7 +239,14 @@ defmodule GenDurable.Options do
           with {:ok, rate_limits} <-
                  translate(declared_rate_limits(mod), ["step_rate_limits", name]),
                {:ok, defaults} <- translate(declared_defaults(mod), ["workflow_defaults", name]) do
-            w = %{name: name, module: mod, rate_limits: rate_limits, defaults: defaults}
+            w = %{
+              name: name,
+              module: mod,
+              rate_limits: rate_limits,
+              step_timeouts: declared_step_timeouts(mod),
+              defaults: defaults
+            }
+
             {:cont, {:ok, [w | acc]}}
           else
             err -> {:halt, err}
@@ -193,8 +269,15 @@ defmodule GenDurable.Options do
       else: %{}
   end
 
+  # What `use GenDurable, step_timeouts: %{step => ms}` declared.
+  defp declared_step_timeouts(mod) do
+    if function_exported?(mod, :__gen_durable_step_timeouts__, 0),
+      do: mod.__gen_durable_step_timeouts__(),
+      else: %{}
+  end
+
   # What `use GenDurable, queue: ..., priority: ..., max_attempts: ...,
-  # backoff: {base, max}` declared, the backoff as the core reads it; the
+  # backoff: {base, max}, timeout: ms` declared, the backoff as the core reads it; the
   # core checks the values.
   defp declared_defaults(mod) do
     declared =

@@ -10,9 +10,10 @@ use crate::errors::{core_error, core_error_term, input_error, internal_error};
 use crate::runtime::{lock, ok_reply, reply};
 use gendurable::options::{InsertOptions, UniqueStates};
 use gendurable::unique::{ACTIVE_STATUSES, ALL_STATUSES};
-use gendurable::{Cancelled, Instance, NewInstance, Status};
+use gendurable::{Cancelled, Delivery, DrainOptions, InsertedQuery, Instance, NewInstance, Status};
 use rustler::{Atom, Encoder, Env, ResourceArc, Term};
 use std::sync::Mutex;
+use std::time::Duration;
 
 /// An insert: a map of the core's insert options (see
 /// `gendurable::options::InsertOptions`). Only its top level is walked to
@@ -175,12 +176,49 @@ fn instance_term(env: Env, res: ResourceArc<InstanceRes>) -> Term {
     }
 }
 
-/// Wakes every instance awaiting `name`. Replies `{:ok, count}`. The
-/// payload is converted on a dirty scheduler.
+/// Wakes every instance awaiting `name`. Replies `{:ok, count}`. Given
+/// `ttl_ms`, a signal that woke nobody is kept that long for the first
+/// instance that awaits `name` (`Engine::signal_with_ttl`). The payload is
+/// converted on a dirty scheduler.
 #[rustler::nif(schedule = "DirtyCpu")]
 fn signal<'a>(
     env: Env<'a>,
     res: ResourceArc<EngineRes>,
+    name: String,
+    payload: Term<'a>,
+    ttl_ms: Option<u64>,
+    reply_ref: Term<'a>,
+) -> Term<'a> {
+    let payload = match term_to_json(payload) {
+        Ok(p) => p,
+        Err(e) => return input_error(env, "payload", format!("invalid payload: not JSON: {e}")),
+    };
+    spawn_call(env, &res, reply_ref, move |engine| async move {
+        let woken = match ttl_ms {
+            Some(ms) => {
+                engine
+                    .signal_with_ttl(&name, payload, Duration::from_millis(ms))
+                    .await
+            }
+            None => engine.signal(&name, payload).await,
+        };
+        match woken {
+            Ok(n) => ok_reply(n),
+            Err(e) => core_error(e),
+        }
+    });
+    atoms::ok().encode(env)
+}
+
+/// Sends a signal to one instance (`Engine::send`): it wakes now if it
+/// awaits, else the signal is kept until it awaits `name`. Replies `{:ok,
+/// :woken | :kept | {:finished, status}}`; an unknown id is an error of
+/// kind `:not_found`. The payload is converted on a dirty scheduler.
+#[rustler::nif(schedule = "DirtyCpu")]
+fn send_signal<'a>(
+    env: Env<'a>,
+    res: ResourceArc<EngineRes>,
+    id: i64,
     name: String,
     payload: Term<'a>,
     reply_ref: Term<'a>,
@@ -190,8 +228,15 @@ fn signal<'a>(
         Err(e) => return input_error(env, "payload", format!("invalid payload: not JSON: {e}")),
     };
     spawn_call(env, &res, reply_ref, move |engine| async move {
-        match engine.signal(&name, payload).await {
-            Ok(n) => ok_reply(n),
+        match engine.send(id, &name, payload).await {
+            Ok(d) => reply(move |env| {
+                let v = match d {
+                    Delivery::Woken => atoms::woken().encode(env),
+                    Delivery::Kept => atoms::kept().encode(env),
+                    Delivery::Finished(s) => (atoms::finished(), status_atom(s)).encode(env),
+                };
+                (atoms::ok(), v).encode(env)
+            }),
             Err(e) => core_error(e),
         }
     });
@@ -251,6 +296,118 @@ fn cancel<'a>(
         }
     });
     atoms::ok().encode(env)
+}
+
+// ---------------------------------------------------------------------------
+// Testing helpers (`GenDurable.Testing`)
+
+/// Runs every runnable instance of `queue` to its end (`Engine::drain_with`;
+/// with `scheduled`, scheduled instances too), at most `max_steps` steps.
+/// Replies `{:ok, {steps, completed, discarded, cancelled, retried, snoozed,
+/// awaiting}}`.
+#[rustler::nif]
+fn drain<'a>(
+    env: Env<'a>,
+    res: ResourceArc<EngineRes>,
+    queue: String,
+    scheduled: bool,
+    max_steps: Option<u64>,
+    reply_ref: Term<'a>,
+) -> Term<'a> {
+    let options = DrainOptions {
+        scheduled,
+        max_steps: max_steps.map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
+    };
+    spawn_call(env, &res, reply_ref, move |engine| async move {
+        match engine.drain_with(&queue, options).await {
+            Ok(d) => ok_reply((
+                d.steps as u64,
+                d.completed as u64,
+                d.discarded as u64,
+                d.cancelled as u64,
+                d.retried as u64,
+                d.snoozed as u64,
+                d.awaiting as u64,
+            )),
+            Err(e) => core_error(e),
+        }
+    });
+    atoms::ok().encode(env)
+}
+
+/// Instances read by `inserted/7`, converted by `instances_term/1`.
+pub struct InstancesRes {
+    instances: Mutex<Option<Vec<Instance>>>,
+}
+
+#[rustler::resource_impl]
+impl rustler::Resource for InstancesRes {}
+
+/// The instances of `workflow` whose state contains `state` (nil: any), in
+/// `queue`, with `status` (a status's name), at most `limit`, oldest first
+/// (`Engine::inserted`). Replies `{:ok, instances}`, a resource that
+/// `instances_term/1` turns into a list of `%GenDurable.Instance{}`. The
+/// state is converted on a dirty scheduler.
+#[rustler::nif(schedule = "DirtyCpu")]
+#[allow(clippy::too_many_arguments)]
+fn inserted<'a>(
+    env: Env<'a>,
+    res: ResourceArc<EngineRes>,
+    workflow: String,
+    state: Term<'a>,
+    queue: Option<String>,
+    status: Option<String>,
+    limit: Option<i64>,
+    reply_ref: Term<'a>,
+) -> Term<'a> {
+    let mut query = InsertedQuery::new(workflow);
+    if state.decode::<Atom>().ok() != Some(atoms::nil()) {
+        match term_to_json(state) {
+            Ok(s) => query = query.state(s),
+            Err(e) => return input_error(env, "state", format!("invalid state: not JSON: {e}")),
+        }
+    }
+    if let Some(q) = queue {
+        query = query.queue(q);
+    }
+    if let Some(name) = status {
+        match Status::from_name(&name) {
+            Some(s) => query = query.status(s),
+            None => {
+                let known: Vec<&str> = ALL_STATUSES.iter().map(|s| s.as_str()).collect();
+                let message = format!(
+                    "invalid status: expected one of {}, got {name:?}",
+                    known.join(", ")
+                );
+                return input_error(env, "status", message);
+            }
+        }
+    }
+    query.limit = limit;
+    spawn_call(env, &res, reply_ref, move |engine| async move {
+        match engine.inserted(query).await {
+            Ok(all) => ok_reply(ResourceArc::new(InstancesRes {
+                instances: Mutex::new(Some(all)),
+            })),
+            Err(e) => core_error(e),
+        }
+    });
+    atoms::ok().encode(env)
+}
+
+/// The list of `%GenDurable.Instance{}` read by `inserted/7`, built in the
+/// caller's environment on a dirty scheduler. Taken: a second call returns
+/// `nil`.
+#[rustler::nif(schedule = "DirtyCpu")]
+fn instances_term(env: Env, res: ResourceArc<InstancesRes>) -> Term {
+    match lock(&res.instances).take() {
+        Some(all) => all
+            .iter()
+            .map(|i| instance_to_term(env, i))
+            .collect::<Vec<_>>()
+            .encode(env),
+        None => atoms::nil().encode(env),
+    }
 }
 
 /// The arguments of `<schema>.enqueue(...)` for an insert given like

@@ -14,6 +14,7 @@ use crate::step::{Dispatcher, ElixirWorkflow};
 use gendurable::options::EngineOptions;
 use gendurable::{Engine, EngineBuilder};
 use rustler::{Atom, Encoder, Env, LocalPid, Monitor, ResourceArc, Term};
+use serde_json::Value;
 use std::future::Future;
 use std::sync::Arc;
 
@@ -107,6 +108,10 @@ where
 /// The engine's options and workflows, read.
 struct Config {
     options: EngineOptions,
+    /// `inline`: every insert drains the queues it inserted into (see
+    /// `EngineBuilder::inline`). A builder setting, not one of the core's
+    /// `EngineOptions`: taken out of the map before the core reads it.
+    inline: bool,
     /// Workflow names and the modules that run them.
     workflows: Vec<(String, String)>,
 }
@@ -115,10 +120,20 @@ impl Config {
     /// `options`: a map of the core's engine options; `workflows`:
     /// `[{name, module}]`, the modules as atoms.
     fn read(options: Term, workflows: Vec<(String, Term)>) -> gendurable::Result<Config> {
-        let json = options_to_json(options, OPTION_DEPTH).map_err(|(path, e)| {
+        let mut json = options_to_json(options, OPTION_DEPTH).map_err(|(path, e)| {
             let path: Vec<&str> = path.iter().map(String::as_str).collect();
             EngineOptions::error_at(&path, &format!("not JSON: {e}"))
         })?;
+        let inline = match json.as_object_mut().and_then(|o| o.remove("inline")) {
+            None | Some(Value::Null) => false,
+            Some(Value::Bool(b)) => b,
+            Some(other) => {
+                return Err(EngineOptions::error_at(
+                    &["inline"],
+                    &format!("expected true or false, got {other}"),
+                ))
+            }
+        };
         let options = EngineOptions::from_json(json)?;
         let workflows = workflows
             .into_iter()
@@ -129,13 +144,17 @@ impl Config {
                 ))),
             })
             .collect::<gendurable::Result<_>>()?;
-        Ok(Config { options, workflows })
+        Ok(Config {
+            options,
+            inline,
+            workflows,
+        })
     }
 
     /// A builder with every option and workflow; the builder checks the
     /// values when it validates or builds.
     fn builder(&self, dispatcher: &Arc<Dispatcher>) -> EngineBuilder {
-        let mut b = self.options.apply(Engine::builder());
+        let mut b = self.options.apply(Engine::builder()).inline(self.inline);
         for (name, module) in &self.workflows {
             let workflow = ElixirWorkflow {
                 dispatcher: dispatcher.clone(),

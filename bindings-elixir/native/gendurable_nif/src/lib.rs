@@ -22,7 +22,8 @@
 //! `gendurable::options`, whose messages reach the caller unchanged.
 //!
 //! * `engine`: a supervision tree's engine, its options, start and stop.
-//! * `client`: insert, get, signal, cancel.
+//! * `client`: insert, get, signal, send, cancel; drain and inserted for
+//!   `GenDurable.Testing`.
 //! * `step`: steps run by Elixir processes.
 //! * `convert`: terms to JSON and back.
 //! * `errors`: core errors as terms. `runtime`: the Tokio runtime, replies.
@@ -111,6 +112,9 @@ mod atoms {
         completed,
         cancelled,
         discarded,
+        woken,
+        kept,
+        finished,
     }
 }
 
