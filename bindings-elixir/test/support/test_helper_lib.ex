@@ -55,6 +55,39 @@ defmodule GenDurable.TestHelper do
 
   def notify(_, _, _), do: :ok
 
+  @doc """
+  Called by a step: a process of its own monitors the step's process and
+  tells the test how it ended, `{:step_down, id, step, attempt, reason}`.
+  Returns once the monitor is set, so that however soon the step is
+  killed, the test hears the reason.
+  """
+  def watch(%{"test" => test}, step, ctx) do
+    case Process.whereis(String.to_existing_atom(test)) do
+      nil ->
+        :ok
+
+      to ->
+        me = self()
+
+        watcher =
+          spawn(fn ->
+            ref = Process.monitor(me)
+            send(me, {:watching, self()})
+
+            receive do
+              {:DOWN, ^ref, :process, _, reason} ->
+                send(to, {:step_down, ctx.id, step, ctx.attempt, reason})
+            end
+          end)
+
+        receive do
+          {:watching, ^watcher} -> :ok
+        end
+    end
+  end
+
+  def watch(_, _, _), do: :ok
+
   @doc "Runs a query with psql; returns its rows, fields separated by |."
   def sql(query) do
     {out, status} =

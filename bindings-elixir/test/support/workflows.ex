@@ -63,7 +63,8 @@ defmodule GenDurableTest.Steps do
     end
   end
 
-  defp run("forever", "start", _s, _) do
+  defp run("forever", "start", s, ctx) do
+    GenDurable.TestHelper.watch(s, "start", ctx)
     Process.sleep(:infinity)
   end
 
@@ -229,4 +230,86 @@ defmodule GenDurableTest.BadPriority do
 
   @impl true
   def handle_step(_step, state, _ctx), do: {:done, state}
+end
+
+defmodule GenDurableTest.Slow do
+  @moduledoc false
+  # Steps that do not finish on their own, under the workflow's timeout and
+  # a shorter one declared for the step "hang". Each has its process
+  # watched (see watch/3) and tells the test (notify/3) before it blocks.
+  # "late" suspends the engine's dispatcher (named by the state's
+  # "dispatcher") and answers when the test sends it `:continue`.
+  use GenDurable,
+    timeout: 400,
+    step_timeouts: %{"hang" => 200},
+    max_attempts: 2,
+    backoff: {10, 20}
+
+  import GenDurable.TestHelper, only: [notify: 3, watch: 3]
+
+  @impl true
+  def handle_step("start", %{"mode" => "hang"} = state, _ctx), do: {:next, "hang", state}
+  def handle_step("start", %{"mode" => "done"} = state, _ctx), do: {:done, state}
+
+  def handle_step(step, state, ctx) do
+    # The dispatcher stays suspended past the timeout, so that the step
+    # outlives it and answers late.
+    if state["mode"] == "late", do: :sys.suspend(String.to_existing_atom(state["dispatcher"]))
+    watch(state, step, ctx)
+    notify(state, step, ctx)
+
+    case state["mode"] do
+      "late" ->
+        receive do
+          :continue -> {:done, state}
+        end
+
+      _ ->
+        Process.sleep(:infinity)
+    end
+  end
+end
+
+defmodule GenDurableTest.Mailbox do
+  @moduledoc false
+  # Awaits the signal named by the state's "on" `left` times, recording each
+  # signal it is woken with in "got". With "hold", its first step waits for
+  # the test's `:continue` before it returns.
+  use GenDurable
+  import GenDurable.TestHelper, only: [notify: 3]
+
+  @impl true
+  def handle_step(step, state, ctx) do
+    notify(state, step, ctx)
+
+    if step == "start" and state["hold"] do
+      receive do
+        :continue -> :ok
+      end
+    end
+
+    state =
+      case ctx.wake do
+        {:signal, name, payload} -> Map.update!(state, "got", &(&1 ++ [[name, payload]]))
+        _ -> state
+      end
+
+    case state["left"] do
+      0 -> {:done, state}
+      n -> {:await, "again", %{state | "left" => n - 1}, signal: state["on"]}
+    end
+  end
+end
+
+defmodule GenDurableTest.Tick do
+  @moduledoc false
+  # Inserted by a cron entry: tells the test each time it runs.
+  use GenDurable
+  import GenDurable.TestHelper, only: [notify: 3]
+
+  @impl true
+  def handle_step(step, state, ctx) do
+    notify(state, step, ctx)
+    {:done, state}
+  end
 end
