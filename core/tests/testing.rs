@@ -86,6 +86,24 @@ async fn drain_runs_a_queue_to_the_end_in_the_calling_task() {
     // Nothing left: nothing to do.
     assert_eq!(engine.drain("default").await.unwrap(), Drained::default());
 
+    // An error met within the drain is retried within it too.
+    let flaky = engine
+        .insert(NewInstance::new("Charge", json!({"flaky": true})))
+        .await
+        .unwrap();
+    let d = engine
+        .drain_with(
+            "default",
+            DrainOptions {
+                scheduled: true,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!((d.steps, d.retried, d.completed), (3, 1, 1));
+    assert_eq!(engine.get(flaky).await.unwrap().status, Status::Completed);
+
     // A workflow that never ends stops the drain at its limit, unstarted
     // rows handed back.
     let l = engine

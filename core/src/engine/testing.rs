@@ -196,9 +196,15 @@ async fn drain(
             .handoff(&ctx.store.pool, &call, &ctx.limits)
             .await?;
         let (h, _) = read_handoff(&rows)?;
+        let wrote = !outcomes.is_empty();
         outcomes.clear();
         ready.extend(h.claimed);
         let Some(row) = ready.pop_front() else {
+            if scheduled && wrote {
+                // The outcomes just written may have scheduled rows (a
+                // retry, a snooze): staged at the top, claimed next round.
+                continue;
+            }
             return Ok(done);
         };
         if done.steps >= max_steps {
