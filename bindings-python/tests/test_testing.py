@@ -116,11 +116,6 @@ def test_max_steps_stops_a_workflow_that_never_ends(make_engine):
     assert engine.get(id).state == {"n": 5}
 
 
-@pytest.mark.xfail(
-    reason="the core's drain stages scheduled rows before writing the last step's outcome,"
-    " so a retry made within the drain is not run by it",
-    strict=False,
-)
 def test_a_drain_with_scheduled_retries_errors_to_their_last_attempt(make_engine):
     engine = make_engine()
 

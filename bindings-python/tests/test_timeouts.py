@@ -9,29 +9,18 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from dataclasses import astuple
 
 import pytest
 
 import gendurable
 from conftest import wait_until
 from gendurable import Done, InvalidConfig, Next
-from gendurable.testing import Drained, drain
+from gendurable.testing import drain
 
 
 @pytest.fixture
 def engine(make_engine):
     return make_engine()
-
-
-def drain_all(engine):
-    """Drain with scheduled rows until a drain finds nothing, adding up."""
-    total = Drained()
-    while True:
-        d = drain(engine, scheduled=True)
-        if d.steps == 0:
-            return total
-        total = Drained(*(a + b for a, b in zip(astuple(total), astuple(d))))
 
 
 def _kinds(instance):
@@ -55,7 +44,7 @@ def test_an_async_step_past_its_deadline_is_cancelled_retried_then_discarded(eng
             return Done(state)
 
     id = engine.insert("Slow", {"n": 1})
-    d = drain_all(engine)
+    d = drain(engine, scheduled=True)
     assert (d.steps, d.retried, d.discarded, d.completed) == (2, 1, 1, 0)
     assert both.wait(10), cancelled
     assert cancelled == [1, 2]
