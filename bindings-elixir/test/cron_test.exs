@@ -88,6 +88,8 @@ defmodule GenDurable.CronTest do
            ~s(engine option cron[0]: "name" is given twice)},
           {{"* * * * *", Tick, :daily},
            "engine option cron[0]: the options must be a keyword list"},
+          {{"* * * * *", Tick, engine: :other},
+           "engine option cron[0]: :engine is not an option of a cron entry"},
           {{"* * * * *"}, "engine option cron[0]: expected {schedule, workflow} or"},
           {{"* * * * *", Tick, timezone: "Mars/Olympus"}, "Mars/Olympus"}
         ] do

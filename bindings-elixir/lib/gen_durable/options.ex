@@ -190,6 +190,7 @@ defmodule GenDurable.Options do
       {entry, insert} = Keyword.split(opts, @cron_entry_options)
 
       with :ok <- no_duplicates(opts, path),
+           :ok <- no_engine(opts, path),
            {:ok, instance} <- instance(workflow, insert, path) do
         entry = Map.new(entry, fn {k, v} -> {Atom.to_string(k), v} end)
         {:ok, Map.merge(entry, %{"schedule" => schedule, "instance" => instance})}
@@ -208,6 +209,14 @@ defmodule GenDurable.Options do
 
   # A map or keyword list in the core's own shape.
   defp cron_entry(entry, path), do: translate(entry, path)
+
+  # An insert's `:engine` says which engine inserts; an entry's engine is
+  # the one it is given to.
+  defp no_engine(opts, path) do
+    if Keyword.has_key?(opts, :engine),
+      do: error("#{place(path)}: :engine is not an option of a cron entry"),
+      else: :ok
+  end
 
   defp instance(workflow, opts, path) do
     case GenDurable.__instance__(workflow, opts) do

@@ -91,8 +91,6 @@ defmodule GenDurable.Testing do
 
   # As the NIF reports them, in order.
   @counts [:steps, :completed, :discarded, :cancelled, :retried, :snoozed, :awaiting]
-  # The core's default (`DRAIN_MAX_STEPS`).
-  @max_steps 10_000
 
   @statuses [:scheduled, :available, :executing, :awaiting, :completed, :cancelled, :discarded]
 
@@ -153,27 +151,12 @@ defmodule GenDurable.Testing do
          {:ok, engine} <- GenDurable.__engine__(opts),
          {:ok, queue} <- name(queue, :queue),
          {:ok, scheduled} <- boolean(Keyword.get(opts, :with_scheduled, false), :with_scheduled),
-         {:ok, max} <- count(Keyword.get(opts, :max_steps), :max_steps) do
-      drain(engine, queue, scheduled, max || @max_steps, Map.new(@counts, &{&1, 0}))
+         {:ok, max} <- count(Keyword.get(opts, :max_steps), :max_steps),
+         {:ok, counts} <-
+           GenDurable.__native__(&Native.drain(engine, queue, scheduled, max, &1)) do
+      @counts |> Enum.zip(Tuple.to_list(counts)) |> Map.new()
     else
       {:error, e} -> raise e
-    end
-  end
-
-  # With scheduled instances, the drain goes on until one runs nothing: a
-  # retry or snooze written by a drain's last step is staged by the next.
-  defp drain(engine, queue, scheduled, max, acc) do
-    case GenDurable.__native__(&Native.drain(engine, queue, scheduled, max - acc.steps, &1)) do
-      {:ok, counts} ->
-        ran = Enum.zip(@counts, Tuple.to_list(counts))
-        acc = Enum.reduce(ran, acc, fn {k, n}, acc -> Map.update!(acc, k, &(&1 + n)) end)
-
-        if scheduled and elem(counts, 0) > 0 and acc.steps < max,
-          do: drain(engine, queue, scheduled, max, acc),
-          else: acc
-
-      {:error, e} ->
-        raise e
     end
   end
 
