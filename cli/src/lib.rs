@@ -72,6 +72,12 @@ enum Command {
         /// A gate as configured on the nodes: NAME=LIMIT or NAME=LIMIT/SHARDS.
         #[arg(long = "gate", value_parser = status::parse_gate)]
         gates: Vec<(String, gendurable::GateConfig)>,
+        /// Print the status as one JSON object.
+        #[arg(long)]
+        json: bool,
+        /// Print it again every this many seconds, until Ctrl-C.
+        #[arg(long, value_name = "SECONDS", value_parser = parse_seconds)]
+        watch: Option<Duration>,
     },
     /// Run a sample workload (a throwaway Postgres unless DATABASE_URL is set).
     Demo(demo::Args),
@@ -106,6 +112,35 @@ enum Command {
         #[arg(allow_negative_numbers = true)]
         id: i64,
     },
+    /// Cancel instances: by id, or every one the --where conditions name.
+    ///
+    /// One not started is cancelled now; an executing one is stopped by the
+    /// node running it and recorded as cancelled. With --dry-run, only says
+    /// how many the conditions name.
+    Cancel(Act),
+    /// Run instances again now: scheduled ones (keeping their attempts),
+    /// discarded or cancelled ones (with fresh attempts).
+    Retry(Act),
+    /// Delete instances that are not executing (cancel those first), with
+    /// the signals kept for them.
+    Delete(Act),
+    /// Send a signal: to every instance awaiting NAME, or with --id to one
+    /// (kept until it awaits NAME if it does not yet).
+    Signal {
+        #[command(flatten)]
+        db: Db,
+        name: String,
+        /// The payload, JSON.
+        #[arg(long, default_value = "null")]
+        payload: String,
+        /// One instance.
+        #[arg(long, allow_negative_numbers = true)]
+        id: Option<i64>,
+        /// Without --id: keep it this many seconds for the first instance
+        /// that awaits it, if it wakes nobody now.
+        #[arg(long, value_parser = parse_seconds)]
+        ttl: Option<Duration>,
+    },
     /// Run a node with the built-in `gendurable.Echo` workflow, until SIGTERM or Ctrl-C.
     ///
     /// For cross-language checks: `start` → `finish` → done, adding
@@ -131,6 +166,41 @@ enum Command {
         #[arg(value_name = "MODULE:ATTRIBUTE")]
         engine: String,
     },
+}
+
+/// Which instances `cancel`, `retry` and `delete` act on.
+#[derive(clap::Args)]
+struct Act {
+    #[command(flatten)]
+    db: Db,
+    /// Instance ids.
+    #[arg(allow_negative_numbers = true)]
+    ids: Vec<i64>,
+    /// A condition, field=value (repeatable): id=5,6 workflow=Charge queue=billing
+    /// status=discarded,cancelled key=account:7 error=<text in the last error>.
+    #[arg(long = "where", value_name = "FIELD=VALUE")]
+    conditions: Vec<String>,
+    /// Say how many instances the conditions name, and change nothing.
+    #[arg(long)]
+    dry_run: bool,
+    /// Recorded with the action in each instance's errors (cancel, retry).
+    #[arg(long, default_value = "by an operator")]
+    reason: String,
+}
+
+impl Act {
+    /// The filter: the ids given, and the conditions.
+    fn filter(&self) -> Result<gendurable::Filter> {
+        let mut terms = self.conditions.clone();
+        if !self.ids.is_empty() {
+            let ids: Vec<String> = self.ids.iter().map(i64::to_string).collect();
+            terms.push(format!("id={}", ids.join(",")));
+        }
+        if terms.is_empty() {
+            return Err(Usage("name the instances: ids, or --where FIELD=VALUE".into()).into());
+        }
+        Ok(gendurable::Filter::parse(terms)?)
+    }
 }
 
 /// Exit status of a run stopped by Ctrl-C (128 + SIGINT, as a shell reports it).
@@ -241,11 +311,26 @@ async fn execute(command: Command) -> Result<()> {
             engine.migrate().await?;
             println!("schema {:?} is up to date", db.schema);
         }
-        Command::Status { db, keys, gates } => {
+        Command::Status {
+            db,
+            keys,
+            gates,
+            json,
+            watch,
+        } => {
             for k in &keys {
                 gendurable::validate::key("key", k)?;
             }
-            status::run(client(&db, Schema::MustExist).await?, keys, gates).await?
+            let engine = client(&db, Schema::MustExist).await?;
+            let show = status::Show { keys, gates, json };
+            match watch {
+                None => status::run(&engine, &show).await?,
+                Some(every) => loop {
+                    status::run(&engine, &show).await?;
+                    println!();
+                    tokio::time::sleep(every).await;
+                },
+            }
         }
         Command::Demo(args) => demo::run(args).await?,
         Command::Bench(args) => bench::run(args).await?,
@@ -277,6 +362,33 @@ async fn execute(command: Command) -> Result<()> {
             let engine = client(&db, Schema::MustExist).await?;
             println!("{}", engine.insert(new).await?);
         }
+        Command::Cancel(act) => act_on(act, Verb::Cancel).await?,
+        Command::Retry(act) => act_on(act, Verb::Retry).await?,
+        Command::Delete(act) => act_on(act, Verb::Delete).await?,
+        Command::Signal {
+            db,
+            name,
+            payload,
+            id,
+            ttl,
+        } => {
+            let payload = serde_json::from_str(&payload).context("--payload is not JSON")?;
+            let engine = client(&db, Schema::MustExist).await?;
+            match (id, ttl) {
+                (Some(_), Some(_)) => {
+                    return Err(Usage("--ttl is for a signal by name, not with --id".into()).into())
+                }
+                (Some(id), None) => {
+                    let d = engine.send(id, &name, payload).await?;
+                    println!("{}", format!("{d:?}").to_lowercase());
+                }
+                (None, Some(ttl)) => {
+                    let n = engine.signal_with_ttl(&name, payload, ttl).await?;
+                    println!("woke {n}{}", if n == 0 { "; kept" } else { "" });
+                }
+                (None, None) => println!("woke {}", engine.signal(&name, payload).await?),
+            }
+        }
         Command::Get { db, id } => {
             let i = client(&db, Schema::MustExist).await?.get(id).await?;
             println!("{}", echo::instance_json(&i));
@@ -291,6 +403,43 @@ async fn execute(command: Command) -> Result<()> {
             .into())
         }
     }
+    Ok(())
+}
+
+#[derive(Clone, Copy)]
+enum Verb {
+    Cancel,
+    Retry,
+    Delete,
+}
+
+/// `cancel`, `retry`, `delete`: the action on what the filter names, or
+/// with --dry-run only their count.
+async fn act_on(act: Act, verb: Verb) -> Result<()> {
+    let filter = act.filter()?;
+    let engine = client(&act.db, Schema::MustExist).await?;
+    if act.dry_run {
+        println!(
+            "{} instances match; nothing changed (dry run)",
+            engine.count(&filter).await?
+        );
+        return Ok(());
+    }
+    let (acted, done) = match verb {
+        Verb::Cancel => (
+            engine.cancel_where(&filter, &act.reason).await?,
+            "cancelled",
+        ),
+        Verb::Retry => (
+            engine.retry_where(&filter, &act.reason).await?,
+            "made runnable",
+        ),
+        Verb::Delete => (engine.delete_where(&filter).await?, "deleted"),
+    };
+    println!(
+        "{} of {} matching instances {done}",
+        acted.changed, acted.matched
+    );
     Ok(())
 }
 

@@ -369,3 +369,79 @@ async fn status_shows_parked_rows_per_key() {
     let fields: Vec<&str> = line.split_whitespace().collect();
     assert_eq!(fields, ["acct:7", "room", "3", "1"], "{out}");
 }
+
+/// `cancel`, `retry`, `delete` by id or by --where, with --dry-run; `signal`.
+#[tokio::test]
+async fn operators_act_on_instances_from_the_command_line() {
+    let pg = TempPostgres::start().await.unwrap();
+    let url = pg.url();
+    let s = ["--schema", "acts"];
+    stdout(&gendurable(&url, &["migrate", s[0], s[1]]));
+    let insert = |workflow: &str| {
+        stdout(&gendurable(
+            &url,
+            &["insert", s[0], s[1], "--workflow", workflow],
+        ))
+        .trim()
+        .to_owned()
+    };
+    let ids: Vec<String> = (0..3).map(|_| insert("Charge")).collect();
+    let other = insert("Report");
+    let run = |args: &[&str]| {
+        let mut all = vec![args[0], s[0], s[1]];
+        all.extend_from_slice(&args[1..]);
+        stdout(&gendurable(&url, &all)).trim().to_owned()
+    };
+    assert_eq!(
+        run(&["cancel", "--where", "workflow=Charge", "--dry-run"]),
+        "3 instances match; nothing changed (dry run)"
+    );
+    assert_eq!(
+        run(&["cancel", "--where", "workflow=Charge"]),
+        "3 of 3 matching instances cancelled"
+    );
+    assert_eq!(
+        run(&["retry", &ids[0], "--reason", "fixed the card"]),
+        "1 of 1 matching instances made runnable"
+    );
+    assert_eq!(
+        run(&["delete", "--where", "status=cancelled"]),
+        "2 of 2 matching instances deleted"
+    );
+    // Sent to an instance that does not await yet: kept.
+    assert_eq!(
+        run(&[
+            "signal",
+            "approved",
+            "--id",
+            &other,
+            "--payload",
+            "{\"by\": \"ana\"}"
+        ]),
+        "kept"
+    );
+    assert_eq!(run(&["signal", "approved"]), "woke 0");
+    assert_eq!(run(&["signal", "approved", "--ttl", "60"]), "woke 0; kept");
+    // The status as JSON: one available Charge left, and the Report.
+    let v: serde_json::Value =
+        serde_json::from_str(&run(&["status", "--json", "--key", "api:1"])).unwrap();
+    let available: i64 = v["counts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["status"] == "available")
+        .map(|c| c["count"].as_i64().unwrap())
+        .sum();
+    assert_eq!(available, 2, "{v}");
+    assert_eq!(v["key_limits"]["api:1"]["k"], 1, "{v}");
+    // Nothing named: a usage error, nothing done.
+    let o = gendurable(&url, &["delete", s[0], s[1]]);
+    assert!(!o.status.success());
+    assert!(
+        one_line_error(&o).contains("name the instances"),
+        "{}",
+        one_line_error(&o)
+    );
+    let o = gendurable(&url, &["delete", s[0], s[1], "--where", "colour=red"]);
+    assert!(one_line_error(&o).contains("unknown field \"colour\""));
+}

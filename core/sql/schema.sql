@@ -43,6 +43,12 @@ CREATE FUNCTION gendurable.key_room(keys text[], gate_names text[], gate_limits 
     AS -- sql/functions/key_room.sql, source md5 089f4d03e53277d06fdd7e65c60e21d8
 ;
 
+CREATE FUNCTION gendurable.matching(ids bigint[], workflow text, queue text, statuses text[], concurrency_key text, error text, after bigint, lim integer) RETURNS SETOF bigint
+    LANGUAGE sql STABLE
+    SET search_path TO 'gendurable'
+    AS -- sql/functions/matching.sql, source md5 ab06d495704d679930bf3d14f7a94092
+;
+
 CREATE FUNCTION gendurable.may_mint_gate(k text) RETURNS boolean
     LANGUAGE plpgsql
     SET search_path TO 'gendurable'

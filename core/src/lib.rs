@@ -88,9 +88,9 @@ pub use async_trait::async_trait;
 pub use config::{EngineConfig, GateConfig, RateConfig};
 pub use cron::{CronEntry, Missed};
 pub use engine::{
-    Cancelled, ClusterStatus, Delivery, DrainOptions, Drained, Engine, EngineBuilder, GateStatus,
-    InsertedQuery, KeyLimit, NoNode, NodeStatus, Parked, ParkedKey, QueueCount, RateStatus,
-    WaitingRows, DRAIN_MAX_STEPS,
+    Acted, Cancelled, ClusterStatus, Delivery, DrainOptions, Drained, Engine, EngineBuilder,
+    Filter, GateStatus, InsertedQuery, KeyLimit, NoNode, NodeStatus, Parked, ParkedKey, QueueCount,
+    RateStatus, WaitingRows, DRAIN_MAX_STEPS,
 };
 pub use error::{Error, Result};
 /// The in-process bulkhead (the `gendurable-bulkhead` crate).

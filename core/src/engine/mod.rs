@@ -1,12 +1,14 @@
 //! The engine: the client calls (insert, signal, cancel, get, status), its
 //! builder, and starting or stopping this process's worker node.
 
+mod actions;
 mod builder;
 mod cron;
 mod insert;
 mod status;
 mod testing;
 
+pub use actions::{Acted, Filter};
 pub use builder::EngineBuilder;
 pub use status::{
     ClusterStatus, GateStatus, KeyLimit, NoNode, NodeStatus, Parked, ParkedKey, QueueCount,
@@ -302,16 +304,9 @@ impl Engine {
 
     /// [`Engine::cancel`] with a reason recorded in the instance's errors.
     pub async fn cancel_with_reason(&self, id: i64, reason: &str) -> Result<Cancelled> {
-        let row = sqlx::query(&self.ctx.store.sql.cancel)
-            .bind(id)
-            .bind(reason)
-            .bind(&self.ctx.store.sql.cancel_channel)
-            .fetch_optional(&self.ctx.store.pool)
-            .await?;
-        let Some(row) = row else {
+        let Some(status) = self.cancel_one(id, reason).await? else {
             return Err(Error::NotFound(id));
         };
-        let status = Status::parse(row.try_get::<&str, _>(0)?);
         Ok(match status {
             Status::Executing => Cancelled::AtOutcome,
             s if s.is_final() => Cancelled::AlreadyFinished(s),

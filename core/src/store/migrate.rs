@@ -34,6 +34,7 @@ const FUNCTIONS: &[(&str, &str)] = functions![
     unique_key,
     name_problem,
     enqueue,
+    matching,
 ];
 
 /// Create the schema and bring it up to date. Safe to run from many nodes at

@@ -75,6 +75,8 @@ queries! {
     handoff, held_by_node,
     // The client.
     get, signal, signal_instance, cancel,
+    // Operators' actions.
+    retry, delete, count,
     // Testing.
     stage_queue, inserted,
     // Liveness.

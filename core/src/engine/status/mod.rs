@@ -9,7 +9,7 @@ use sqlx::Row;
 mod report;
 
 /// A snapshot of the cluster as seen from the database.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct ClusterStatus {
     /// Instances per (queue, status).
     pub counts: Vec<QueueCount>,
@@ -31,7 +31,7 @@ pub struct ClusterStatus {
 }
 
 /// Rows of one workflow waiting in one queue.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize)]
 pub struct WaitingRows {
     pub workflow: String,
     pub queue: String,
@@ -45,7 +45,8 @@ pub struct WaitingRows {
 
 /// Why no live node will run a waiting row. Such rows wait until a node that
 /// serves their queue and runs their workflow starts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum NoNode {
     /// No live node serves the row's queue.
@@ -56,7 +57,7 @@ pub enum NoNode {
 }
 
 /// How many instances of a queue are in a status.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize)]
 pub struct QueueCount {
     pub queue: String,
     pub status: String,
@@ -64,7 +65,7 @@ pub struct QueueCount {
 }
 
 /// A live node.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize)]
 pub struct NodeStatus {
     pub id: String,
     pub hostname: String,
@@ -79,7 +80,7 @@ pub struct NodeStatus {
 }
 
 /// One gated key: its counters summed over shards.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize)]
 pub struct GateStatus {
     pub key: String,
     /// Steps executing under the gate (from the rows, the truth).
@@ -94,7 +95,7 @@ pub struct GateStatus {
 }
 
 /// Rows parked behind one key.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize)]
 pub struct ParkedKey {
     /// A concurrency key (K = 1 or gated) or a rate-limit key.
     pub key: String,
@@ -109,7 +110,8 @@ pub struct ParkedKey {
 }
 
 /// What a parked row waits for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum Parked {
     /// Room under its concurrency key's K.
@@ -119,7 +121,7 @@ pub enum Parked {
 }
 
 /// One rate-limit key.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize)]
 pub struct RateStatus {
     pub key: String,
     /// The GCRA theoretical arrival time: starts are spaced from here on.
@@ -127,7 +129,7 @@ pub struct RateStatus {
 }
 
 /// The effective K of a concurrency key on this node.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct KeyLimit {
     /// At most this many steps of the key execute at once.
     pub k: u32,
