@@ -124,6 +124,19 @@ enum Command {
     /// Delete instances that are not executing (cancel those first), with
     /// the signals kept for them.
     Delete(Act),
+    /// Pause a queue cluster-wide: no node claims from it until `resume`
+    /// (running steps finish). Persisted.
+    Pause {
+        #[command(flatten)]
+        db: Db,
+        queue: String,
+    },
+    /// Resume a paused queue.
+    Resume {
+        #[command(flatten)]
+        db: Db,
+        queue: String,
+    },
     /// Send a signal: to every instance awaiting NAME, or with --id to one
     /// (kept until it awaits NAME if it does not yet).
     Signal {
@@ -365,6 +378,28 @@ async fn execute(command: Command) -> Result<()> {
         Command::Cancel(act) => act_on(act, Verb::Cancel).await?,
         Command::Retry(act) => act_on(act, Verb::Retry).await?,
         Command::Delete(act) => act_on(act, Verb::Delete).await?,
+        Command::Pause { db, queue } => {
+            gendurable::validate::name("queue", &queue)?;
+            let was = client(&db, Schema::MustExist)
+                .await?
+                .pause_queue(&queue)
+                .await?;
+            println!(
+                "queue {queue:?} {}",
+                if was { "paused" } else { "was already paused" }
+            );
+        }
+        Command::Resume { db, queue } => {
+            gendurable::validate::name("queue", &queue)?;
+            let was = client(&db, Schema::MustExist)
+                .await?
+                .resume_queue(&queue)
+                .await?;
+            println!(
+                "queue {queue:?} {}",
+                if was { "resumed" } else { "was not paused" }
+            );
+        }
         Command::Signal {
             db,
             name,

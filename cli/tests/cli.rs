@@ -434,6 +434,13 @@ async fn operators_act_on_instances_from_the_command_line() {
         .sum();
     assert_eq!(available, 2, "{v}");
     assert_eq!(v["key_limits"]["api:1"]["k"], 1, "{v}");
+    assert_eq!(run(&["pause", "billing"]), "queue \"billing\" paused");
+    assert!(run(&["status"]).contains("paused queues"));
+    assert_eq!(
+        run(&["pause", "billing"]),
+        "queue \"billing\" was already paused"
+    );
+    assert_eq!(run(&["resume", "billing"]), "queue \"billing\" resumed");
     // Nothing named: a usage error, nothing done.
     let o = gendurable(&url, &["delete", s[0], s[1]]);
     assert!(!o.status.success());

@@ -33,7 +33,7 @@ CREATE FUNCTION gendurable.handoff(outcomes jsonb, node_id text, channel text, n
     SET search_path TO 'gendurable'
     SET plan_cache_mode TO 'force_generic_plan'
     SET jit TO 'off'
-    AS -- sql/functions/handoff.sql, source md5 02b04f3095fd2a408e024ab839a6859b
+    AS -- sql/functions/handoff.sql, source md5 99aaec438f6d9cf061c40a1bdeb6c0ba
 ;
 
 CREATE FUNCTION gendurable.key_room(keys text[], gate_names text[], gate_limits integer[]) RETURNS TABLE(key text, room integer)
@@ -239,6 +239,11 @@ CREATE TABLE gendurable.nodes (
     workflows jsonb
 );
 
+CREATE TABLE gendurable.queue_pauses (
+    queue text NOT NULL,
+    paused_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
 CREATE TABLE gendurable.rate_state (
     key text NOT NULL,
     tat timestamp with time zone NOT NULL
@@ -261,6 +266,9 @@ ALTER TABLE ONLY gendurable.mailbox
 
 ALTER TABLE ONLY gendurable.nodes
     ADD CONSTRAINT nodes_pkey PRIMARY KEY (id);
+
+ALTER TABLE ONLY gendurable.queue_pauses
+    ADD CONSTRAINT queue_pauses_pkey PRIMARY KEY (queue);
 
 ALTER TABLE ONLY gendurable.rate_state
     ADD CONSTRAINT rate_state_pkey PRIMARY KEY (key);

@@ -72,10 +72,24 @@ DECLARE
     -- Instances the outcomes moved to await a signal, and its name.
     a_id bigint[];
     a_signal text[];
+    -- Paused queues among the caller's.
+    paused text[];
     picked claim[];
     d integer;
     q integer;
 BEGIN
+    -- A paused queue claims nothing: no promotion, handover, pick or
+    -- reservation (its outcomes are recorded all the same).
+    SELECT array_agg(p.queue) INTO paused FROM queue_pauses p WHERE p.queue = ANY (queues);
+    IF paused IS NOT NULL THEN
+        FOR q IN 1 .. cardinality(queues) LOOP
+            IF queues[q] = ANY (paused) THEN
+                demands[q] := 0;
+                reserve[q] := false;
+            END IF;
+        END LOOP;
+    END IF;
+
     IF jsonb_array_length(outcomes) > 0 THEN
         -- The locks of the signals awaited, in order (see send_signal): a
         -- signal sent meanwhile by name waits, then wakes them.
@@ -178,6 +192,7 @@ BEGIN
             FROM p
             WHERE i.id = p.id AND i.status = 'available' AND i.node = node_id AND i.token = p.ntoken
               AND i.concurrency_key = p.key AND i.queue = p.queue
+              AND NOT (p.queue = ANY (coalesce(paused, '{}')))
             RETURNING i.id, i.concurrency_key, i.gate_shard
         )
         SELECT coalesce(array_agg(id), '{}'), array_agg(concurrency_key), array_agg(gate_shard)

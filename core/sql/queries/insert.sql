@@ -2,7 +2,8 @@
 -- 'available' and wake the pickers of their queue (on commit, so an insert in
 -- the caller's transaction wakes nobody until it commits). Rows flagged in
 -- $12 are claimed by the inserting node $13 as they are inserted (see
--- `Engine::insert_many`): they start there without a pick and wake nobody.
+-- `Engine::insert_many`): they start there without a pick and wake nobody
+-- (not while their queue is paused: then they are inserted as any other).
 -- Rows due now are parked (they wait out of the pick's index): those of a
 -- workflow none of their queue's live nodes runs (`orphaned`, nodes live
 -- within $19 seconds); else those beyond the room their key has (key_room,
@@ -19,11 +20,15 @@ WITH given AS (
            NOT u.here AND u.at IS NULL AND coalesce(u.delay, 0) <= 0 AS due_now,
            CASE WHEN u.uspec IS NOT NULL
                 THEN __S__.unique_key(u.workflow, u.state::jsonb, u.ckey, u.uspec::jsonb) END AS ukey
-    FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::smallint[], $6::text[],
-                $7::text[], $8::integer[], $9::float8[], $10::timestamptz[], $12::boolean[],
-                $20::text[])
-         WITH ORDINALITY AS u(workflow, step, state, queue, priority, ckey, rkey, max_attempts,
-                              delay, at, here, uspec, ord)
+    FROM (
+        -- A row asked to start here does not when its queue is paused.
+        SELECT a.*, a.asked AND NOT EXISTS (SELECT 1 FROM __S__.queue_pauses p WHERE p.queue = a.queue)
+                    AS here
+        FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::smallint[], $6::text[],
+                    $7::text[], $8::integer[], $9::float8[], $10::timestamptz[], $12::boolean[],
+                    $20::text[])
+             WITH ORDINALITY AS a(workflow, step, state, queue, priority, ckey, rkey, max_attempts,
+                                  delay, at, asked, uspec, ord)) u
 ), held AS (
     SELECT g.ord,
            (SELECT e.id FROM __S__.instances e

@@ -1,11 +1,12 @@
 //! An operator's actions on instances, one or many: cancel, retry, delete,
-//! and counting what a filter names (a dry run). The CLI and the dashboard
-//! call these.
+//! and counting what a filter names (a dry run); pausing and resuming a
+//! queue. The CLI and the dashboard call these.
 
 use super::Engine;
 use crate::error::{Error, Result};
 use crate::instance::Status;
 use crate::validate;
+use chrono::{DateTime, Utc};
 use sqlx::postgres::PgRow;
 use sqlx::Row;
 
@@ -176,6 +177,36 @@ impl Engine {
     /// [`Engine::delete_where`] for one instance: whether it was deleted.
     pub async fn delete(&self, id: i64) -> Result<bool> {
         self.one(Action::Delete, id, "").await
+    }
+
+    /// Pause `queue` cluster-wide: no node claims from it (nor starts an
+    /// inserted row of it at once) until it is resumed; steps running or
+    /// already claimed finish and record their outcomes. Persisted. Returns
+    /// whether it was running.
+    pub async fn pause_queue(&self, queue: &str) -> Result<bool> {
+        validate::name("queue", queue)?;
+        Ok(sqlx::query_scalar(&self.ctx.store.sql.pause)
+            .bind(queue)
+            .fetch_one(&self.ctx.store.pool)
+            .await?)
+    }
+
+    /// Resume a paused queue and wake its pickers. Returns whether it was paused.
+    pub async fn resume_queue(&self, queue: &str) -> Result<bool> {
+        validate::name("queue", queue)?;
+        let row = sqlx::query(&self.ctx.store.sql.resume)
+            .bind(queue)
+            .bind(&self.ctx.store.sql.channel)
+            .fetch_one(&self.ctx.store.pool)
+            .await?;
+        Ok(row.try_get(0)?)
+    }
+
+    /// The paused queues, and since when.
+    pub async fn paused_queues(&self) -> Result<Vec<(String, DateTime<Utc>)>> {
+        Ok(sqlx::query_as(&self.ctx.store.sql.paused)
+            .fetch_all(&self.ctx.store.pool)
+            .await?)
     }
 
     async fn one(&self, action: Action, id: i64, reason: &str) -> Result<bool> {

@@ -271,14 +271,16 @@ async fn insert(
                 }
             }
         }
-        let claimed = started
-            .into_iter()
-            .map(|(i, mut c)| {
+        // Claimed here: those that came back executing, with their state
+        // (not one whose queue is paused).
+        let mut claimed = Vec::with_capacity(started.len());
+        for (i, mut c) in started {
+            if let Some(state) = out[i].try_get::<Option<Value>, _>("state")? {
                 c.id = inserted[i].id;
-                c.state = out[i].try_get("state")?;
-                Ok(c)
-            })
-            .collect::<Result<Vec<Claimed>>>()?;
+                c.state = state;
+                claimed.push(c);
+            }
+        }
         Ok((inserted, unseen, claimed))
     });
     let (inserted, unseen, claimed) = match (read, here) {

@@ -76,7 +76,7 @@ queries! {
     // The client.
     get, signal, signal_instance, cancel,
     // Operators' actions.
-    retry, delete, count,
+    retry, delete, count, pause, resume, paused,
     // Testing.
     stage_queue, inserted,
     // Liveness.

@@ -28,6 +28,8 @@ pub struct ClusterStatus {
     /// Rows waiting to run (`available` or `scheduled`) per workflow and
     /// queue, the ones no live node will run first (at most 1000 groups).
     pub waiting: Vec<WaitingRows>,
+    /// Paused queues (see [`Engine::pause_queue`]), and since when.
+    pub paused: Vec<(String, DateTime<Utc>)>,
 }
 
 /// Rows of one workflow waiting in one queue.
@@ -267,6 +269,7 @@ impl Engine {
             rates,
             parked,
             waiting,
+            paused: self.paused_queues().await?,
         })
     }
 }

@@ -10,6 +10,12 @@ impl Display for ClusterStatus {
         for c in &self.counts {
             writeln!(o, "  {:<20} {:<10} {:>10}", c.queue, c.status, c.count)?;
         }
+        if !self.paused.is_empty() {
+            writeln!(o, "\npaused queues (no node claims from them)")?;
+            for (q, since) in &self.paused {
+                writeln!(o, "  {q:<20} since {since}")?;
+            }
+        }
         writeln!(o, "\nlive nodes")?;
         none_if_empty(o, self.nodes.is_empty())?;
         for n in &self.nodes {

@@ -1,0 +1,2 @@
+-- The paused queues and since when.
+SELECT queue, paused_at FROM __S__.queue_pauses ORDER BY queue
