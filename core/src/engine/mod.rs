@@ -31,6 +31,7 @@ use sqlx::{PgConnection, PgPool, Row};
 use std::sync::{Arc, Mutex as StdMutex, Weak};
 use std::time::Duration;
 use tokio::sync::Mutex;
+use tracing::Instrument;
 
 /// A handle on the engine: cheap to clone, usable from many tasks.
 #[derive(Clone)]
@@ -153,6 +154,11 @@ impl Engine {
         if news.is_empty() {
             return Ok(Vec::new());
         }
+        let span = tracing::info_span!("gendurable.insert", rows = news.len());
+        self.insert_news(news).instrument(span).await
+    }
+
+    async fn insert_news(&self, news: Vec<NewInstance>) -> Result<Vec<Inserted>> {
         let rows = insert::Rows::new(&self.ctx, news)?;
         if self.ctx.cfg.inline {
             let queues = rows.queues();

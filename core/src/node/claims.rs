@@ -7,6 +7,7 @@ use crate::stats::Stats;
 use crate::store::{read_handoff, Call, Demand, Handoff};
 use std::sync::atomic::Ordering::{Relaxed, SeqCst};
 use std::time::{Duration, Instant};
+use tracing::Instrument;
 
 /// The one statement of the claim path (`sql/functions/handoff.sql`):
 /// record `outcomes` and promote the successors started in the
@@ -38,7 +39,20 @@ pub(super) async fn record_and_claim(
         demand,
         unreserve: &unreserve,
     };
-    let result = ctx.store.handoff(&ctx.store.pool, &call, &ctx.limits).await;
+    let span = tracing::debug_span!(
+        "gendurable.claim",
+        outcomes = outcomes.len(),
+        queues = demand.len(),
+        claimed = tracing::field::Empty,
+    );
+    let result = ctx
+        .store
+        .handoff(&ctx.store.pool, &call, &ctx.limits)
+        .instrument(span.clone())
+        .await;
+    if let Ok(rows) = &result {
+        span.record("claimed", rows.len().saturating_sub(1));
+    }
     sh.call_time.add(t.elapsed());
     if picks > 0 {
         ctx.stats.pick_time.record(t.elapsed());

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::{oneshot, OwnedSemaphorePermit};
 use tokio::task::{JoinError, JoinHandle};
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 /// Rows claimed here that will not start (stopping, no slot, not this
 /// node's): released in the next outcome call, as outcomes that change
@@ -203,7 +204,17 @@ pub(crate) fn spawn_user(workflow: &Arc<dyn Workflow>, row: &Claimed) -> JoinHan
         wake: Wake::from_json(row.wake.clone()),
     };
     let (step, state, wf) = (row.step.clone(), row.state.clone(), workflow.clone());
-    tokio::spawn(async move { wf.step(&step, state, ctx).await })
+    // One span per step run, for tracing subscribers (OpenTelemetry through
+    // tracing-opentelemetry, say).
+    let span = tracing::info_span!(
+        "gendurable.step",
+        id = row.id,
+        workflow = %row.workflow,
+        step = %row.step,
+        queue = %row.queue,
+        attempt = row.attempt,
+    );
+    tokio::spawn(async move { wf.step(&step, state, ctx).await }.instrument(span))
 }
 
 /// Wait for a step's task, stopping it at the step's timeout: a step past
