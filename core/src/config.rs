@@ -114,6 +114,8 @@ pub struct EngineConfig {
     pub(crate) step_timeouts: BTreeMap<String, BTreeMap<String, Duration>>,
     /// Inserts run what they insert before they return (tests).
     pub(crate) inline: bool,
+    /// Where a started node serves `GET /metrics`.
+    pub(crate) metrics_listen: Option<std::net::SocketAddr>,
 }
 
 impl Default for EngineConfig {
@@ -137,6 +139,7 @@ impl Default for EngineConfig {
             cron: Vec::new(),
             step_timeouts: BTreeMap::new(),
             inline: false,
+            metrics_listen: None,
         }
     }
 }

@@ -115,6 +115,9 @@ pub struct EngineOptions {
     /// Periodic workflows; see [`EngineBuilder::cron`].
     #[serde(deserialize_with = "de::structs_list")]
     pub cron: Vec<CronOptions>,
+    /// `"127.0.0.1:9090"`; see [`EngineBuilder::metrics_listen`].
+    #[serde(deserialize_with = "de::opt_addr")]
+    pub metrics_listen: Option<std::net::SocketAddr>,
 }
 
 /// A periodic workflow: `{"schedule": "*/5 * * * *", "instance": {"workflow":
@@ -300,6 +303,9 @@ impl EngineOptions {
                 timeout: d.timeout.map(ms),
             };
             b = b.workflow_defaults(workflow, defaults);
+        }
+        if let Some(addr) = self.metrics_listen {
+            b = b.metrics_listen(addr);
         }
         for c in &self.cron {
             b = b.cron(c.clone().into());
@@ -851,6 +857,18 @@ mod de {
     {
         let list: Option<Vec<MapOnly<T>>> = Option::deserialize(d)?;
         Ok(list.unwrap_or_default().into_iter().map(|m| m.0).collect())
+    }
+
+    pub(super) fn opt_addr<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<std::net::SocketAddr>, D::Error> {
+        d.deserialize_option(Nullable(Any {
+            what: "an address such as \"127.0.0.1:9090\"",
+            take: |got| match got {
+                Got::Str(s) => s.parse().map_err(|_| Got::Str(s)),
+                other => Err(other),
+            },
+        }))
     }
 
     pub(super) fn opt_missed<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Missed>, D::Error> {
@@ -1488,6 +1506,7 @@ mod tests {
             "pool_size": 12,
             "prefetch": 0,
             "cron": [],
+            "metrics_listen": "127.0.0.1:9090",
         });
         let o = EngineOptions::from_json(full.clone()).unwrap();
         assert_eq!(o.queues["mailers"], 5);

@@ -21,18 +21,28 @@ pub struct Stats {
     pub(crate) unparked: AtomicU64,
     pub(crate) not_admitted: AtomicU64,
     pub(crate) stopped: AtomicU64,
+    pub(crate) steps_started: AtomicU64,
+    pub(crate) steps_completed: AtomicU64,
+    pub(crate) steps_failed: AtomicU64,
+    pub(crate) repaired: AtomicU64,
     /// How long claiming calls took (see `Stats::pick_latency`).
     pub(crate) pick_time: Histogram,
+    /// How long steps ran.
+    pub(crate) step_time: Histogram,
 }
 
 /// Durations in buckets a quarter of a power of two wide (about 19 % apart),
-/// from 1 µs to about 70 s: enough to read a p99 from, lock-free to record.
+/// from 1 µs to about 70 s: enough to read a p99 from, lock-free to record;
+/// and their sum, in microseconds.
 #[derive(Debug)]
-pub(crate) struct Histogram([AtomicU64; Histogram::BUCKETS]);
+pub(crate) struct Histogram([AtomicU64; Histogram::BUCKETS], AtomicU64);
 
 impl Default for Histogram {
     fn default() -> Self {
-        Histogram(std::array::from_fn(|_| AtomicU64::new(0)))
+        Histogram(
+            std::array::from_fn(|_| AtomicU64::new(0)),
+            AtomicU64::new(0),
+        )
     }
 }
 
@@ -46,6 +56,30 @@ impl Histogram {
 
     pub fn record(&self, d: Duration) {
         self.0[Self::bucket(d)].fetch_add(1, Relaxed);
+        self.1
+            .fetch_add(d.as_micros().min(u128::from(u32::MAX)) as u64, Relaxed);
+    }
+
+    /// The sum of the durations recorded.
+    pub fn sum(&self) -> Duration {
+        Duration::from_micros(self.1.load(Relaxed))
+    }
+
+    /// How many durations were at most `le`, counting each bucket whose
+    /// upper bound is at most `le` (a Prometheus histogram's bucket).
+    pub fn at_most(&self, le: Duration) -> u64 {
+        let us = le.as_secs_f64() * 1e6;
+        self.0
+            .iter()
+            .enumerate()
+            .take_while(|(i, _)| 2f64.powf((*i + 1) as f64 / 4.0) <= us)
+            .map(|(_, c)| c.load(Relaxed))
+            .sum()
+    }
+
+    /// How many durations were recorded.
+    pub fn count(&self) -> u64 {
+        self.0.iter().map(|c| c.load(Relaxed)).sum()
     }
 
     /// A copy of the counts, to compare with a later one.
@@ -140,6 +174,15 @@ pub struct StatsSnapshot {
     /// Steps stopped because their claim was no longer this node's (the
     /// node had been presumed dead and the row rescued).
     pub stopped: u64,
+    /// Steps started on this node.
+    pub steps_started: u64,
+    /// Steps whose outcome completed their instance.
+    pub steps_completed: u64,
+    /// Steps whose outcome recorded an error (returned or raised, a panic,
+    /// a timeout, a discard, a cancellation while running).
+    pub steps_failed: u64,
+    /// Gate counters the reconciler repaired.
+    pub repaired: u64,
 }
 
 impl Stats {
@@ -161,6 +204,10 @@ impl Stats {
             unparked: self.unparked.load(Relaxed),
             not_admitted: self.not_admitted.load(Relaxed),
             stopped: self.stopped.load(Relaxed),
+            steps_started: self.steps_started.load(Relaxed),
+            steps_completed: self.steps_completed.load(Relaxed),
+            steps_failed: self.steps_failed.load(Relaxed),
+            repaired: self.repaired.load(Relaxed),
         }
     }
 

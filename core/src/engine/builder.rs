@@ -238,6 +238,14 @@ impl EngineBuilder {
         self
     }
 
+    /// Serve this engine's metrics (Prometheus text format) on `GET
+    /// /metrics` at `addr` while its node runs (`127.0.0.1:9090`; port 0:
+    /// any free port, see [`Engine::metrics_addr`]).
+    pub fn metrics_listen(mut self, addr: std::net::SocketAddr) -> Self {
+        self.cfg.metrics_listen = Some(addr);
+        self
+    }
+
     /// For unit tests: every insert through this engine runs the queues it
     /// inserted into to the end, in the calling task, before it returns
     /// ([`Engine::drain`] after each insert). Instances that await stay
@@ -393,6 +401,7 @@ impl EngineBuilder {
             ctx: Arc::new(Context::new(store, self.cfg, workflows)),
             node: Default::default(),
             cron: Default::default(),
+            metrics: Default::default(),
             here: Default::default(),
         })
     }

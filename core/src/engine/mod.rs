@@ -5,6 +5,7 @@ mod actions;
 mod builder;
 mod cron;
 mod insert;
+mod metrics;
 mod status;
 mod testing;
 
@@ -41,6 +42,8 @@ pub struct Engine {
     node: Arc<Mutex<Option<Node>>>,
     /// Its cron service, when schedules are configured.
     cron: Arc<Mutex<Option<cron::Cron>>>,
+    /// Its metrics listener, when configured.
+    metrics: Arc<Mutex<Option<metrics::MetricsListener>>>,
     /// The running node's state, for inserts that start rows here.
     here: Arc<StdMutex<Weak<node::Shared>>>,
 }
@@ -57,6 +60,11 @@ impl Engine {
     /// The configuration.
     pub fn config(&self) -> &EngineConfig {
         &self.ctx.cfg
+    }
+
+    /// Where the metrics listener listens, while the node runs with one.
+    pub async fn metrics_addr(&self) -> Option<std::net::SocketAddr> {
+        self.metrics.lock().await.as_ref().map(|m| m.addr)
     }
 
     /// This node's id.
@@ -79,6 +87,11 @@ impl Engine {
     pub async fn start(&self) -> Result<()> {
         let mut node = self.node.lock().await;
         if node.is_none() {
+            // First the listener: an address in use fails the start early.
+            if let Some(addr) = self.ctx.cfg.metrics_listen {
+                *self.metrics.lock().await =
+                    Some(metrics::MetricsListener::start(self.clone(), addr).await?);
+            }
             let started = Node::start(self.ctx.clone()).await?;
             *self.here.lock().unwrap_or_else(|p| p.into_inner()) = Arc::downgrade(started.shared());
             *node = Some(started);
@@ -93,6 +106,9 @@ impl Engine {
     pub async fn shutdown(&self) -> Result<()> {
         if let Some(cron) = self.cron.lock().await.take() {
             cron.stop().await;
+        }
+        if let Some(m) = self.metrics.lock().await.take() {
+            m.stop().await;
         }
         let node = self.node.lock().await.take();
         match node {

@@ -89,6 +89,7 @@ pub(super) fn spawn_step(
         }
         sh.prefetch[&row.queue].started();
         let began = Instant::now();
+        Stats::add(&sh.ctx.stats.steps_started, 1);
         let mut user = spawn_user(&workflow, &row);
         let ended = CancellationToken::new();
         let stopped = Arc::new(StdMutex::new(None));
@@ -122,6 +123,13 @@ pub(super) fn spawn_step(
             stop == Some(Stop::Cancelled),
             timed_out,
         );
+        let stats = &sh.ctx.stats;
+        stats.step_time.record(began.elapsed());
+        match (outcome.status, outcome.error.is_some()) {
+            ("completed", _) => Stats::add(&stats.steps_completed, 1),
+            (_, true) => Stats::add(&stats.steps_failed, 1),
+            _ => {}
+        }
         let next = if sh.shutdown.is_cancelled() || !sh.live.is_live() {
             sh.successors(|s| s.release(&row));
             None

@@ -77,6 +77,8 @@ queries! {
     get, signal, signal_instance, cancel,
     // Operators' actions.
     retry, delete, count, pause, resume, paused,
+    // Metrics.
+    metrics_instances, metrics_gates,
     // Testing.
     stage_queue, inserted,
     // Liveness.

@@ -4,6 +4,7 @@
 use super::RECONCILE_BATCH;
 use crate::context::Context;
 use crate::error::Result;
+use crate::stats::Stats;
 
 /// One bounded reconciler pass from the gate key after `after`. Returns how
 /// many counters it changed and where the next pass goes on (None: the
@@ -16,6 +17,7 @@ pub(super) async fn reconcile_gates_from(
         .store
         .reconcile(after, RECONCILE_BATCH, &ctx.limits)
         .await?;
+    Stats::add(&ctx.stats.repaired, changed);
     if next.is_none() {
         ctx.store.prune_rates().await?;
     }
