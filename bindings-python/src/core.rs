@@ -5,6 +5,7 @@
 //! (`build`, at its first call or when it starts): every call after that,
 //! inserts included, goes through this engine, whether or not its node runs.
 
+use crate::actions::{act, act_one, filter_of, paused, FilterArgs, Verb};
 use crate::block_on;
 use crate::config::{builder, connect_timeout, engine_options};
 use crate::errors::invalid_input;
@@ -454,6 +455,118 @@ impl Core {
         )
     }
 
+    /// How many instances the filter names (`Engine::count`).
+    fn count(&self, py: Python<'_>, filter: FilterArgs) -> PyResult<u64> {
+        let filter = filter_of(filter)?;
+        let c = self.client()?;
+        block_on(py, move || {
+            c.run(move |e| async move { e.count(&filter).await })
+        })
+    }
+
+    fn count_async<'py>(&self, py: Python<'py>, filter: FilterArgs) -> PyResult<Bound<'py, PyAny>> {
+        let filter = filter_of(filter)?;
+        let c = self.client()?;
+        pyo3_async_runtimes::tokio::future_into_py(
+            py,
+            c.run(move |e| async move { e.count(&filter).await }),
+        )
+    }
+
+    /// `action` ("cancel", "retry" or "delete") on every instance the filter
+    /// names (`Engine::cancel_where`...): `(matched, changed)`.
+    #[pyo3(signature = (action, filter, reason=None))]
+    fn act(
+        &self,
+        py: Python<'_>,
+        action: &str,
+        filter: FilterArgs,
+        reason: Option<String>,
+    ) -> PyResult<(u64, u64)> {
+        let (verb, filter) = (Verb::of(action)?, filter_of(filter)?);
+        let c = self.client()?;
+        block_on(py, move || {
+            c.run(move |e| async move { act(&e, verb, filter, reason).await })
+        })
+    }
+
+    #[pyo3(signature = (action, filter, reason=None))]
+    fn act_async<'py>(
+        &self,
+        py: Python<'py>,
+        action: &str,
+        filter: FilterArgs,
+        reason: Option<String>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let (verb, filter) = (Verb::of(action)?, filter_of(filter)?);
+        let c = self.client()?;
+        pyo3_async_runtimes::tokio::future_into_py(
+            py,
+            c.run(move |e| async move { act(&e, verb, filter, reason).await }),
+        )
+    }
+
+    /// `action` ("retry" or "delete") on one instance (`Engine::retry`,
+    /// `Engine::delete`): whether it acted.
+    fn act_one(&self, py: Python<'_>, action: &str, id: i64) -> PyResult<bool> {
+        let verb = Verb::of(action)?;
+        let c = self.client()?;
+        block_on(py, move || {
+            c.run(move |e| async move { act_one(&e, verb, id).await })
+        })
+    }
+
+    fn act_one_async<'py>(
+        &self,
+        py: Python<'py>,
+        action: &str,
+        id: i64,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let verb = Verb::of(action)?;
+        let c = self.client()?;
+        pyo3_async_runtimes::tokio::future_into_py(
+            py,
+            c.run(move |e| async move { act_one(&e, verb, id).await }),
+        )
+    }
+
+    /// Pause (`paused` true) or resume a queue (`Engine::pause_queue`,
+    /// `Engine::resume_queue`): whether it was running (pause) or paused
+    /// (resume).
+    fn pause_queue(&self, py: Python<'_>, queue: String, paused: bool) -> PyResult<bool> {
+        let c = self.client()?;
+        block_on(py, move || {
+            c.run(move |e| async move { pause(&e, &queue, paused).await })
+        })
+    }
+
+    fn pause_queue_async<'py>(
+        &self,
+        py: Python<'py>,
+        queue: String,
+        paused: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let c = self.client()?;
+        pyo3_async_runtimes::tokio::future_into_py(
+            py,
+            c.run(move |e| async move { pause(&e, &queue, paused).await }),
+        )
+    }
+
+    /// The paused queues: `(queue, since)`, since in seconds from the epoch.
+    fn paused_queues(&self, py: Python<'_>) -> PyResult<Vec<(String, f64)>> {
+        let c = self.client()?;
+        block_on(py, move || c.run(move |e| async move { paused(&e).await }))
+    }
+
+    fn paused_queues_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let c = self.client()?;
+        pyo3_async_runtimes::tokio::future_into_py(
+            py,
+            c.run(move |e| async move { paused(&e).await }),
+        )
+    }
+
     /// Start the engine's node; its async steps run on `event_loop`.
     fn start(&self, py: Python<'_>, event_loop: Py<PyAny>) -> PyResult<()> {
         let c = self.client()?;
@@ -601,4 +714,12 @@ async fn cancel(
         None => engine.cancel(id).await,
     }
     .map(cancelled_str)
+}
+
+async fn pause(engine: &Engine, queue: &str, paused: bool) -> gendurable::Result<bool> {
+    if paused {
+        engine.pause_queue(queue).await
+    } else {
+        engine.resume_queue(queue).await
+    }
 }

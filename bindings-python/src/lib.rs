@@ -5,6 +5,7 @@
 //! `gendurable.errors`, and runs Python step functions for the core's node.
 //! The Python package (`python/gendurable/`) is the public interface.
 
+mod actions;
 mod bench;
 mod bulkhead;
 mod config;

@@ -78,7 +78,7 @@ pub(crate) fn inserted_query(
     Ok(q)
 }
 
-fn status_of(s: &str) -> PyResult<Status> {
+pub(crate) fn status_of(s: &str) -> PyResult<Status> {
     Ok(match s {
         "scheduled" => Status::Scheduled,
         "available" => Status::Available,

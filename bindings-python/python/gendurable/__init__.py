@@ -27,7 +27,7 @@ from ._gendurable import __version__
 from .bulkhead import Bulkhead, Permit
 from .context import Context, Wake
 from .cron import Cron
-from .engine import Cancelled, Delivery, Engine, Instance, NewInstance, step, workflow
+from .engine import Acted, Cancelled, Delivery, Engine, Instance, NewInstance, step, workflow
 from .errors import (
     CannotConnect,
     Contended,
@@ -47,6 +47,7 @@ from .unique import Inserted, Unique
 
 __all__ = [
     "KEEP",
+    "Acted",
     "Await",
     "Bulkhead",
     "Cancel",

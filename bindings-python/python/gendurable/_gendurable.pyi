@@ -12,6 +12,16 @@ _Workflow = tuple[str, dict[str, _Step], Optional[_Step], dict[str, str]]
 _New = dict[str, Any]
 """An insert: the core's insert options (gendurable::options::InsertOptions)."""
 
+_Filter = tuple[
+    Optional[list[int]],
+    Optional[str],
+    Optional[str],
+    Optional[list[str]],
+    Optional[str],
+    Optional[str],
+]
+"""(ids, workflow, queue, statuses, concurrency key, error text): gendurable::Filter."""
+
 _Drained = tuple[int, int, int, int, int, int, int]
 """(steps, completed, discarded, cancelled, retried, snoozed, awaiting)"""
 
@@ -77,6 +87,22 @@ class Core:
     def cancel_async(
         self, id: int, reason: Optional[str] = None
     ) -> Awaitable[tuple[str, Optional[str]]]: ...
+    def count(self, filter: _Filter) -> int: ...
+    def count_async(self, filter: _Filter) -> Awaitable[int]: ...
+    def act(self, action: str, filter: _Filter, reason: Optional[str] = None) -> tuple[int, int]:
+        """``action``: ``"cancel"``, ``"retry"`` or ``"delete"``; ``(matched, changed)``."""
+    def act_async(
+        self, action: str, filter: _Filter, reason: Optional[str] = None
+    ) -> Awaitable[tuple[int, int]]: ...
+    def act_one(self, action: str, id: int) -> bool:
+        """``action``: ``"retry"`` or ``"delete"``."""
+    def act_one_async(self, action: str, id: int) -> Awaitable[bool]: ...
+    def pause_queue(self, queue: str, paused: bool) -> bool:
+        """Pause (``paused``) or resume ``queue``: whether it was running, or paused."""
+    def pause_queue_async(self, queue: str, paused: bool) -> Awaitable[bool]: ...
+    def paused_queues(self) -> list[tuple[str, float]]:
+        """``(queue, since)``, since in seconds from the epoch."""
+    def paused_queues_async(self) -> Awaitable[list[tuple[str, float]]]: ...
     def start(self, event_loop: asyncio.AbstractEventLoop) -> None: ...
     def shutdown(self) -> None: ...
     def shutdown_async(self) -> Awaitable[None]: ...

@@ -13,6 +13,7 @@ import os
 import signal as _signal
 import threading
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any, Callable, Optional, TypeVar, Union
 
 from . import _gendurable
@@ -21,7 +22,16 @@ from .errors import Error, InvalidConfig, InvalidInput
 from .transitions import ConcurrencyKey, key_str
 from .unique import Inserted, Unique
 
-__all__ = ["Cancelled", "Delivery", "Engine", "Instance", "NewInstance", "step", "workflow"]
+__all__ = [
+    "Acted",
+    "Cancelled",
+    "Delivery",
+    "Engine",
+    "Instance",
+    "NewInstance",
+    "step",
+    "workflow",
+]
 
 T = TypeVar("T")
 _MARK = "__gendurable_workflow__"
@@ -273,6 +283,18 @@ class Cancelled(str, enum.Enum):
     """It is executing; it is cancelled when its step's outcome is written."""
     ALREADY_FINISHED = "already_finished"
     """It had already finished (completed, cancelled or discarded)."""
+
+
+@dataclass(frozen=True)
+class Acted:
+    """What :meth:`Engine.cancel_where`, :meth:`Engine.retry_where` or
+    :meth:`Engine.delete_where` did."""
+
+    matched: int
+    """Instances the filter named."""
+    changed: int
+    """Those the action changed (the others were in a status it does not apply
+    to: finished for a cancel, running for a retry, executing for a delete...)."""
 
 
 def _time(v: Optional[float]) -> Optional[_dt.datetime]:
@@ -949,6 +971,201 @@ class Engine:
         what, _status = await self._native().cancel_async(_id(id), reason)
         return Cancelled(what)
 
+    def retry(self, id: int) -> bool:
+        """Run an instance again now: a scheduled one (waiting out a delay, a
+        backoff or a snooze) keeps its attempts; a discarded or cancelled one
+        gets its step's attempts afresh, a ``retry`` entry recorded in its
+        errors. Returns whether it was made runnable: not if it is in another
+        status, nor if another instance holds its unique identity meanwhile.
+        Raises :class:`gendurable.NotFound`."""
+        _check_fork()
+        return self._native().act_one("retry", _id(id))
+
+    async def retry_async(self, id: int) -> bool:
+        """:meth:`retry` for asyncio."""
+        return await self._native().act_one_async("retry", _id(id))
+
+    def delete(self, id: int) -> bool:
+        """Delete an instance, with the signals kept for it. Returns whether
+        it was deleted: an executing instance (or one a node has reserved) is
+        not; cancel it first. Raises :class:`gendurable.NotFound`."""
+        _check_fork()
+        return self._native().act_one("delete", _id(id))
+
+    async def delete_async(self, id: int) -> bool:
+        """:meth:`delete` for asyncio."""
+        return await self._native().act_one_async("delete", _id(id))
+
+    def count(
+        self,
+        *,
+        ids: Optional[Iterable[int]] = None,
+        workflow: Union[str, Any, None] = None,
+        queue: Optional[str] = None,
+        status: Union[str, Iterable[str], None] = None,
+        key: Optional[ConcurrencyKey] = None,
+        error: Optional[str] = None,
+    ) -> int:
+        """How many instances the conditions name (every one given must hold):
+        what :meth:`cancel_where`, :meth:`retry_where` or :meth:`delete_where`
+        would look at, a dry run.
+
+        - ``ids``: instance ids
+        - ``workflow``: a name or a decorated workflow
+        - ``queue``
+        - ``status``: one (``"discarded"``) or several (``["discarded", "cancelled"]``)
+        - ``key``: a concurrency key, ``"name:rest"`` or a ``(name, id)`` tuple
+        - ``error``: text in the message of the last error recorded (any case)
+
+        At least one is needed (:class:`gendurable.InvalidInput`, field
+        ``filter``): to name every instance, list the statuses."""
+        _check_fork()
+        return self._native().count(_filter(ids, workflow, queue, status, key, error))
+
+    async def count_async(
+        self,
+        *,
+        ids: Optional[Iterable[int]] = None,
+        workflow: Union[str, Any, None] = None,
+        queue: Optional[str] = None,
+        status: Union[str, Iterable[str], None] = None,
+        key: Optional[ConcurrencyKey] = None,
+        error: Optional[str] = None,
+    ) -> int:
+        """:meth:`count` for asyncio."""
+        f = _filter(ids, workflow, queue, status, key, error)
+        return await self._native().count_async(f)
+
+    def cancel_where(
+        self,
+        *,
+        ids: Optional[Iterable[int]] = None,
+        workflow: Union[str, Any, None] = None,
+        queue: Optional[str] = None,
+        status: Union[str, Iterable[str], None] = None,
+        key: Optional[ConcurrencyKey] = None,
+        error: Optional[str] = None,
+        reason: Optional[str] = None,
+    ) -> Acted:
+        """Cancel every instance the conditions name (those of :meth:`count`),
+        as :meth:`cancel` does one: at once if not executing, else when its
+        step's outcome is written; ``reason`` is recorded in its errors.
+        ``changed`` counts those not finished already."""
+        _check_fork()
+        f = _filter(ids, workflow, queue, status, key, error)
+        return Acted(*self._native().act("cancel", f, _reason(reason)))
+
+    async def cancel_where_async(
+        self,
+        *,
+        ids: Optional[Iterable[int]] = None,
+        workflow: Union[str, Any, None] = None,
+        queue: Optional[str] = None,
+        status: Union[str, Iterable[str], None] = None,
+        key: Optional[ConcurrencyKey] = None,
+        error: Optional[str] = None,
+        reason: Optional[str] = None,
+    ) -> Acted:
+        """:meth:`cancel_where` for asyncio."""
+        f = _filter(ids, workflow, queue, status, key, error)
+        return Acted(*await self._native().act_async("cancel", f, _reason(reason)))
+
+    def retry_where(
+        self,
+        *,
+        ids: Optional[Iterable[int]] = None,
+        workflow: Union[str, Any, None] = None,
+        queue: Optional[str] = None,
+        status: Union[str, Iterable[str], None] = None,
+        key: Optional[ConcurrencyKey] = None,
+        error: Optional[str] = None,
+        reason: Optional[str] = None,
+    ) -> Acted:
+        """:meth:`retry` every instance the conditions name (those of
+        :meth:`count`); ``reason`` is recorded in each one's errors.
+        ``changed`` counts those made runnable."""
+        _check_fork()
+        f = _filter(ids, workflow, queue, status, key, error)
+        return Acted(*self._native().act("retry", f, _reason(reason)))
+
+    async def retry_where_async(
+        self,
+        *,
+        ids: Optional[Iterable[int]] = None,
+        workflow: Union[str, Any, None] = None,
+        queue: Optional[str] = None,
+        status: Union[str, Iterable[str], None] = None,
+        key: Optional[ConcurrencyKey] = None,
+        error: Optional[str] = None,
+        reason: Optional[str] = None,
+    ) -> Acted:
+        """:meth:`retry_where` for asyncio."""
+        f = _filter(ids, workflow, queue, status, key, error)
+        return Acted(*await self._native().act_async("retry", f, _reason(reason)))
+
+    def delete_where(
+        self,
+        *,
+        ids: Optional[Iterable[int]] = None,
+        workflow: Union[str, Any, None] = None,
+        queue: Optional[str] = None,
+        status: Union[str, Iterable[str], None] = None,
+        key: Optional[ConcurrencyKey] = None,
+        error: Optional[str] = None,
+    ) -> Acted:
+        """:meth:`delete` every instance the conditions name (those of
+        :meth:`count`), executing and reserved ones excepted. ``changed``
+        counts those deleted."""
+        _check_fork()
+        f = _filter(ids, workflow, queue, status, key, error)
+        return Acted(*self._native().act("delete", f))
+
+    async def delete_where_async(
+        self,
+        *,
+        ids: Optional[Iterable[int]] = None,
+        workflow: Union[str, Any, None] = None,
+        queue: Optional[str] = None,
+        status: Union[str, Iterable[str], None] = None,
+        key: Optional[ConcurrencyKey] = None,
+        error: Optional[str] = None,
+    ) -> Acted:
+        """:meth:`delete_where` for asyncio."""
+        f = _filter(ids, workflow, queue, status, key, error)
+        return Acted(*await self._native().act_async("delete", f))
+
+    def pause_queue(self, queue: str) -> bool:
+        """Pause ``queue`` cluster-wide: no node claims from it (nor starts an
+        instance inserted into it at once) until :meth:`resume_queue`. Steps
+        already running finish and record their outcomes; inserts go on. The
+        pause is stored, so it holds across restarts. Returns whether the
+        queue was running (``False``: it was paused already)."""
+        _check_fork()
+        return self._native().pause_queue(_str("queue", queue), True)
+
+    async def pause_queue_async(self, queue: str) -> bool:
+        """:meth:`pause_queue` for asyncio."""
+        return await self._native().pause_queue_async(_str("queue", queue), True)
+
+    def resume_queue(self, queue: str) -> bool:
+        """Resume a paused queue; its pickers on every node are woken. Returns
+        whether it was paused."""
+        _check_fork()
+        return self._native().pause_queue(_str("queue", queue), False)
+
+    async def resume_queue_async(self, queue: str) -> bool:
+        """:meth:`resume_queue` for asyncio."""
+        return await self._native().pause_queue_async(_str("queue", queue), False)
+
+    def paused_queues(self) -> list[tuple[str, _dt.datetime]]:
+        """The paused queues and since when (aware datetimes, UTC)."""
+        _check_fork()
+        return [(q, _since(t)) for q, t in self._native().paused_queues()]
+
+    async def paused_queues_async(self) -> list[tuple[str, _dt.datetime]]:
+        """:meth:`paused_queues` for asyncio."""
+        return [(q, _since(t)) for q, t in await self._native().paused_queues_async()]
+
     def effective_k(self, key: ConcurrencyKey) -> int:
         """How many steps holding ``key`` may run at once under this configuration."""
         return self._native().effective_k(key_str(key))
@@ -1113,6 +1330,42 @@ def _id(v: Any) -> int:
     if not -(2**63) <= v < 2**63:
         raise InvalidInput(f"invalid id: out of range: {v}", field="id")
     return v
+
+
+def _since(t: float) -> _dt.datetime:
+    return _dt.datetime.fromtimestamp(t, _dt.timezone.utc)
+
+
+def _reason(v: Any) -> Optional[str]:
+    return None if v is None else _str("reason", v)
+
+
+def _filter(
+    ids: Any, workflow: Any, queue: Any, status: Any, key: Any, error: Any
+) -> tuple[Any, ...]:
+    """The conditions of :meth:`Engine.count` and the actions, as the native
+    side takes them: ``(ids, workflow, queue, statuses, key, error)``; the
+    statuses and the need for one condition are checked there."""
+    if ids is not None:
+        if isinstance(ids, (str, bytes, Mapping)) or not isinstance(ids, Iterable):
+            raise InvalidInput(f"invalid ids: must be a list of ids, got {ids!r}", field="ids")
+        ids = [_id(i) for i in ids]
+    if status is not None:
+        statuses = [status] if isinstance(status, str) else status
+        if not isinstance(statuses, Iterable) or isinstance(statuses, (bytes, Mapping)):
+            raise InvalidInput(
+                f"invalid status: must be a status or a list of them, got {status!r}",
+                field="status",
+            )
+        status = [_str("status", s) for s in statuses]
+    return (
+        ids,
+        None if workflow is None else _str("workflow", _workflow_name(workflow)),
+        None if queue is None else _str("queue", queue),
+        status,
+        None if key is None else key_str(key, "key"),
+        None if error is None else _str("error", error),
+    )
 
 
 def _ttl(v: Any) -> Optional[float]:
