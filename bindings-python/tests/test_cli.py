@@ -185,3 +185,19 @@ def test_echo_runs_python_rows_and_stops_on_ctrl_c(make_engine, database_url, sc
     err = proc.stderr.read()
     assert rc == 0 and "KeyboardInterrupt" not in err, err
     assert client.get(id_).state == {"from": "python", "ran_by": "rust", "echo_id": id_}
+
+
+def test_pause_resume_and_status_agree_with_the_engine(make_engine, database_url, schema):
+    engine = make_engine()
+    s = ("--schema", schema)
+    engine.migrate()
+    assert ok(run("pause", *s, "billing", url=database_url)).strip() == 'queue "billing" paused'
+    assert [q for q, _ in engine.paused_queues()] == ["billing"]
+    assert engine.pause_queue("reports") is True
+    out = ok(run("status", *s, url=database_url))
+    assert "paused queues" in out and "billing" in out and "reports" in out, out
+    assert "was not paused" in ok(run("resume", *s, "other", url=database_url))
+    assert "resumed" in ok(run("resume", *s, "reports", url=database_url))
+    assert engine.resume_queue("billing") is True
+    assert engine.paused_queues() == []
+    assert "paused queues" not in ok(run("status", *s, url=database_url))
