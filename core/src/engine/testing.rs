@@ -121,8 +121,9 @@ impl Engine {
     pub async fn drain_with(&self, queue: &str, options: DrainOptions) -> Result<Drained> {
         crate::validate::name("queue", queue)?;
         let ctx = &*self.ctx;
-        // Its claims are a node's of their own, alive while the drain runs.
-        let node_id = format!("{}-drain", ctx.cfg.node_id);
+        // Its claims are a node's of their own, alive while the drain runs
+        // (one per drain: a step may drain too, under `inline`).
+        let node_id = format!("{}-drain-{:08x}", ctx.cfg.node_id, rand::random::<u32>());
         let max = options.max_steps.unwrap_or(DRAIN_MAX_STEPS);
         let result = drain(ctx, &node_id, queue, options.scheduled, max).await;
         ctx.store.forget_node(&node_id).await?;
