@@ -101,6 +101,25 @@ impl Filter {
         Ok(f)
     }
 
+    /// A filter an action may use: at least one condition (an action on
+    /// every instance is spelled out, e.g. with every status), and names
+    /// that could be names.
+    fn check(&self) -> Result<()> {
+        if *self == Filter::default() {
+            return Err(Error::input(
+                "filter",
+                "give at least one condition (ids, workflow, queue, statuses, key, error)",
+            ));
+        }
+        if let Some(w) = &self.workflow {
+            validate::name("workflow", w)?;
+        }
+        if let Some(q) = &self.queue {
+            validate::name("queue", q)?;
+        }
+        Ok(())
+    }
+
     fn bind<'q>(
         &'q self,
         q: sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
@@ -142,6 +161,7 @@ enum Action {
 impl Engine {
     /// How many instances `filter` names: what an action would look at.
     pub async fn count(&self, filter: &Filter) -> Result<u64> {
+        filter.check()?;
         let n: i64 = filter
             .bind(sqlx::query(&self.ctx.store.sql.count), None, None)
             .fetch_one(&self.ctx.store.pool)
@@ -230,9 +250,7 @@ impl Engine {
     }
 
     async fn act(&self, action: Action, filter: &Filter, reason: &str) -> Result<Acted> {
-        if let Some(w) = &filter.workflow {
-            validate::name("workflow", w)?;
-        }
+        filter.check()?;
         let mut acted = Acted::default();
         let mut after = None;
         loop {
@@ -296,5 +314,12 @@ mod tests {
         assert!(e("workflow").contains("expected field=value"));
         let none: [&str; 0] = [];
         assert!(Filter::parse(none).is_err());
+        assert!(Filter::default().check().is_err());
+        assert!(Filter::id(1).check().is_ok());
+        let bad = Filter {
+            queue: Some(String::new()),
+            ..Default::default()
+        };
+        assert!(bad.check().is_err());
     }
 }
