@@ -68,9 +68,11 @@ impl EngineBuilder {
     }
 
     /// Use an existing pool. Its connections keep their settings: the
-    /// engine's own pool turns JIT off (`options([("jit", "off")])` on the
-    /// connect options), which on large tables spares its statements tens of
-    /// milliseconds of compiling; consider the same for this one.
+    /// engine's own pool turns JIT off and plans prepared statements
+    /// generically (`options([("jit", "off"), ("plan_cache_mode",
+    /// "force_generic_plan")])` on the connect options), which spares its
+    /// statements tens of milliseconds of compiling on large tables and a
+    /// plan per insert; consider the same for this one.
     pub fn pool(mut self, pool: PgPool) -> Self {
         self.connect = Some(Connect::Pool(pool));
         self
@@ -417,12 +419,16 @@ impl EngineBuilder {
 /// The options of the engine's own connections. JIT is off: the engine's
 /// statements touch a handful of rows through indexes, but on a large table
 /// their estimates pass `jit_above_cost`, and compiling takes tens of
-/// milliseconds before a statement that takes one. The engine's functions
-/// also say `SET jit = off`; this covers the plain statements. A pool handed
-/// in with [`EngineBuilder::pool`] keeps its own settings.
+/// milliseconds before a statement that takes one. Prepared statements are
+/// planned once, generically (`plan_cache_mode = force_generic_plan`): under
+/// the default, PostgreSQL plans the insert statement afresh on every call
+/// (0.4 to 0.7 ms of planning for 0.2 ms of work), whose plan does not depend
+/// on its arrays' contents. The engine's functions say both themselves; this
+/// covers the plain statements. A pool handed in with
+/// [`EngineBuilder::pool`] keeps its own settings.
 fn connect_options(url: &str) -> Result<sqlx::postgres::PgConnectOptions> {
     let opts: sqlx::postgres::PgConnectOptions = url
         .parse()
         .map_err(|e| Error::config(format!("database url: {e}")))?;
-    Ok(opts.options([("jit", "off")]))
+    Ok(opts.options([("jit", "off"), ("plan_cache_mode", "force_generic_plan")]))
 }

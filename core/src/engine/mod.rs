@@ -50,9 +50,7 @@ pub struct Engine {
 
 impl Engine {
     /// The pool the engine uses. A pool the engine opened itself plans prepared
-    /// statements generically (`plan_cache_mode = force_generic_plan`): the
-    /// pick's plan does not depend on its parameters, and replanning it on
-    /// every call would cost more than running it.
+    /// statements generically and without JIT (see [`EngineBuilder::pool`]).
     pub fn pool(&self) -> &PgPool {
         &self.ctx.store.pool
     }
