@@ -1,13 +1,17 @@
 //! A refund waits for a human's approval (a durable signal: sent before the
 //! refund reaches its await, it is kept and delivered when it does), then
 //! pays through a partner whose calls are cut off after two seconds (a step
-//! timeout). The same workflow is then exercised the way a test would: built
-//! but not started, inserted, and drained in the calling task.
+//! timeout), with the workflow's own retry defaults; a refund the partner
+//! refuses for good is discarded at once. The same workflow is then
+//! exercised the way a test would: built but not started, inserted, and
+//! drained in the calling task.
 //!
 //! `cargo run -p gendurable-examples --example approval`
 //! (a throwaway PostgreSQL unless DATABASE_URL is set)
 
-use gendurable::{AwaitOn, Delivery, Engine, NewInstance, Status, Transition, Wake};
+use gendurable::{
+    AwaitOn, Delivery, Engine, NewInstance, Status, Transition, Wake, WorkflowDefaults,
+};
 use gendurable_testing::database_url_or_temp;
 use serde_json::json;
 use sqlx::Executor;
@@ -29,6 +33,10 @@ fn refunds(url: &str, schema: &str) -> gendurable::EngineBuilder {
                     if let Some(Wake::Signal { payload, .. }) = ctx.wake {
                         state["approved_by"] = payload["by"].clone();
                     }
+                    if state["order"] == json!(0) {
+                        // No retry can change this answer.
+                        return Ok(Transition::discard("the partner has no order 0"));
+                    }
                     // The partner's call: a slow one would be stopped at the
                     // step's timeout and retried.
                     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -39,6 +47,14 @@ fn refunds(url: &str, schema: &str) -> gendurable::EngineBuilder {
             })
         })
         .step_timeout("Refund", "pay", Duration::from_secs(2))
+        .workflow_defaults(
+            "Refund",
+            WorkflowDefaults {
+                max_attempts: Some(5),
+                backoff: Some((Duration::from_secs(1), Duration::from_secs(60))),
+                ..Default::default()
+            },
+        )
 }
 
 #[tokio::main]
@@ -82,5 +98,19 @@ async fn main() -> anyhow::Result<()> {
     let second = engine.drain("default").await?;
     println!("drained: {second:?}");
     anyhow::ensure!(second.completed == 1);
+    // Refused for good: discarded at once, whatever attempts are left.
+    let refused = engine
+        .insert(NewInstance::new("Refund", json!({"order": 0})))
+        .await?;
+    engine
+        .send(refused, "approved", json!({"by": "test"}))
+        .await?;
+    let third = engine.drain("default").await?;
+    let i = engine.get(refused).await?;
+    println!(
+        "refund {refused}: {} after {} attempt(s)",
+        i.status, i.attempt
+    );
+    anyhow::ensure!(third.discarded == 1 && i.status == Status::Discarded && i.max_attempts == 5);
     Ok(())
 }
