@@ -82,6 +82,9 @@ defmodule GenDurable do
       instances are kept (ms or `:infinity`); `:node_id`; `:pool_size` —
       database connections; `:prefetch` — the most rows a queue claims
       ahead of its free slots.
+    * `:metrics_listen` — `"127.0.0.1:9090"`: serve the metrics (see
+      `metrics/1`) on `GET /metrics` there while the node runs; port 0 takes
+      a free port, which `metrics_addr/1` tells.
 
   The options are the Rust core's (`gendurable::options`), read from a map:
   keyword lists become maps and atoms strings. The core checks every one
@@ -291,6 +294,25 @@ defmodule GenDurable do
   (`drain_queue/2`) and asserts on what was inserted (`assert_inserted/2`,
   `refute_inserted/2`); the engine option `inline: true` runs each insert's
   queues before the insert returns.
+
+  ## Operating
+
+  `pause_queue/2` stops every node claiming from a queue until
+  `resume_queue/2` (`paused_queues/1` lists them); `count/2`,
+  `cancel_where/2`, `retry_where/2` and `delete_where/2` act on the
+  instances keyword conditions name (`ids:`, `workflow:`, `queue:`,
+  `status:`, `key:`, `error:`) and return `{:ok, %{matched: n, changed:
+  n}}`; `retry/2` and `delete/2` act on one.
+
+  ## Metrics and logs
+
+  The engine option `metrics_listen: "127.0.0.1:9090"` serves the metrics
+  in the Prometheus text format on `GET /metrics`; `metrics/1` returns the
+  same text. A step that returns or raises an error, or discards, is logged
+  as a warning; with the `:telemetry` package loaded, each step emits
+  `[:gen_durable, :step, :start]` and `[:gen_durable, :step, :stop]` (or
+  `:exception` when it raised), with `workflow`, `step`, `id`, `queue` and
+  `attempt` in the metadata.
 
   ## Enqueue in your own transaction
 
@@ -798,6 +820,296 @@ defmodule GenDurable do
 
   @doc "Like `cancel/2`, raising `GenDurable.Error`."
   def cancel!(id, opts \\ []), do: bang(cancel(id, opts))
+
+  # -- Operating -----------------------------------------------------------
+
+  @typedoc """
+  Conditions naming instances, every one given must hold (at least one):
+
+    * `:ids` — a list of instance ids (or one id)
+    * `:workflow` — a module using `GenDurable`, or a workflow name
+    * `:queue` — a queue name
+    * `:status` — a status (`:discarded`, or `"discarded"`) or a list of them
+    * `:key` — a concurrency key, `"stripe:7"` or `{:stripe, 7}`
+    * `:error` — text in the message of the last error recorded (any case)
+  """
+  @type condition ::
+          {:ids, integer | [integer]}
+          | {:workflow, module | String.t()}
+          | {:queue, atom | String.t()}
+          | {:status, GenDurable.Instance.status() | String.t() | [atom | String.t()]}
+          | {:key, String.t() | {atom | String.t(), term}}
+          | {:error, String.t()}
+
+  @typedoc "What a bulk action did: instances named, and those it changed."
+  @type acted :: %{matched: non_neg_integer, changed: non_neg_integer}
+
+  @conditions [:ids, :workflow, :queue, :status, :key, :error]
+
+  @doc """
+  How many instances the conditions name: what `cancel_where/2`,
+  `retry_where/2` and `delete_where/2` would look at (a dry run).
+
+  Conditions (every one given must hold; at least one is needed, so an
+  action on every instance is spelled out, e.g. with every status):
+  `:ids`, `:workflow` (a module or a name), `:queue`, `:status` (one or a
+  list), `:key` (a concurrency key) and `:error` (text in the last error).
+  Options: `:engine`, in the same list or in a second one (as for the
+  actions, whose `:reason` goes there too).
+
+      {:ok, 12} = GenDurable.count(workflow: Billing.Charge, status: [:discarded, :cancelled])
+  """
+  @spec count([condition], keyword) :: {:ok, non_neg_integer} | {:error, Error.t()}
+  def count(conditions, opts \\ []) do
+    with {:ok, conditions} <- conditions(conditions, opts),
+         :ok <- known_opts(conditions, @conditions ++ [:engine]),
+         {:ok, engine} <- engine(conditions),
+         {:ok, filter} <- filter(conditions) do
+      native(&Native.count(engine, filter, &1))
+    end
+  end
+
+  @doc """
+  Cancels every instance the conditions name (see `count/2`), as
+  `cancel/2` does one: at once if it is not executing, at its outcome if
+  it is. Returns `{:ok, %{matched: n, changed: n}}`: the instances named,
+  and those not finished already. Options: `:reason` (recorded with each;
+  default `"cancelled"`), `:engine`.
+
+      {:ok, %{matched: 3, changed: 2}} =
+        GenDurable.cancel_where(queue: "imports", error: "timeout", reason: "supplier gone")
+  """
+  @spec cancel_where([condition], keyword) :: {:ok, acted} | {:error, Error.t()}
+  def cancel_where(conditions, opts \\ []),
+    do: act_where(:cancel, conditions, opts, "cancelled")
+
+  @doc """
+  Runs again now every scheduled, discarded or cancelled instance the
+  conditions name (see `count/2`): a scheduled one keeps its attempts, a
+  discarded or cancelled one gets its step's attempts afresh; not one whose
+  unique identity another instance holds now. A `retry` entry is recorded in
+  each one's errors. Returns `{:ok, %{matched: n, changed: n}}`. Options:
+  `:reason` (default `"retried"`), `:engine`.
+
+      {:ok, %{matched: 40, changed: 40}} =
+        GenDurable.retry_where(workflow: Billing.Charge, status: :discarded, error: "gateway")
+  """
+  @spec retry_where([condition], keyword) :: {:ok, acted} | {:error, Error.t()}
+  def retry_where(conditions, opts \\ []), do: act_where(:retry, conditions, opts, "retried")
+
+  @doc """
+  Deletes every instance the conditions name (see `count/2`) that is not
+  executing or claimed by a node (cancel those first), with the signals
+  kept for it. Returns `{:ok, %{matched: n, changed: n}}`, `changed` being
+  those deleted. Options: `:engine`.
+  """
+  @spec delete_where([condition], keyword) :: {:ok, acted} | {:error, Error.t()}
+  def delete_where(conditions, opts \\ []), do: act_where(:delete, conditions, opts, nil)
+
+  @doc """
+  Runs instance `id` again now (see `retry_where/2`). Returns `{:ok, true}`
+  if it was made runnable, `{:ok, false}` if not (it is running, awaiting
+  or completed, or another instance holds its unique identity); an unknown
+  id is an error of kind `:not_found`. Options: `:engine`.
+  """
+  @spec retry(integer, keyword) :: {:ok, boolean} | {:error, Error.t()}
+  def retry(id, opts \\ []), do: act_one(:retry, id, opts)
+
+  @doc """
+  Deletes instance `id` unless it is executing or claimed by a node.
+  Returns `{:ok, true}` if it was deleted, `{:ok, false}` if not; an
+  unknown id is an error of kind `:not_found`. Options: `:engine`.
+  """
+  @spec delete(integer, keyword) :: {:ok, boolean} | {:error, Error.t()}
+  def delete(id, opts \\ []), do: act_one(:delete, id, opts)
+
+  @doc """
+  Pauses `queue` cluster-wide: no node claims from it (nor starts an
+  instance inserted into it at once, nor hands a freed key to one of its
+  instances) until `resume_queue/2`. Steps already running or claimed
+  finish and record their outcomes; inserts go on. The pause is stored, so
+  it holds for every node and across restarts. Returns `{:ok, true}` if the
+  queue was running, `{:ok, false}` if it was paused already. Options:
+  `:engine`.
+  """
+  @spec pause_queue(atom | String.t(), keyword) :: {:ok, boolean} | {:error, Error.t()}
+  def pause_queue(queue, opts \\ []), do: pause(queue, true, opts)
+
+  @doc """
+  Resumes a paused queue and wakes its pickers. Returns `{:ok, true}` if
+  it was paused. Options: `:engine`.
+  """
+  @spec resume_queue(atom | String.t(), keyword) :: {:ok, boolean} | {:error, Error.t()}
+  def resume_queue(queue, opts \\ []), do: pause(queue, false, opts)
+
+  @doc """
+  The paused queues and since when: `{:ok, [{"billing", ~U[...]}]}`.
+  Options: `:engine`.
+  """
+  @spec paused_queues(keyword) :: {:ok, [{String.t(), DateTime.t()}]} | {:error, Error.t()}
+  def paused_queues(opts \\ []) do
+    with {:ok, engine} <- engine(opts),
+         :ok <- known_opts(opts, [:engine]),
+         {:ok, paused} <- native(&Native.paused_queues(engine, &1)) do
+      {:ok, for({q, us} <- paused, do: {q, DateTime.from_unix!(us, :microsecond)})}
+    end
+  end
+
+  @doc """
+  The engine's metrics in the Prometheus text format, as the
+  `:metrics_listen` listener serves them: this node's counters and
+  histograms (label `node`) and, from the database, instances waiting or
+  running per queue and status and gate slots in use. Returns `{:ok, text}`.
+  Options: `:engine`.
+  """
+  @spec metrics(keyword) :: {:ok, String.t()} | {:error, Error.t()}
+  def metrics(opts \\ []) do
+    with {:ok, engine} <- engine(opts),
+         :ok <- known_opts(opts, [:engine]) do
+      native(&Native.metrics(engine, &1))
+    end
+  end
+
+  @doc """
+  Where the running engine's metrics listener listens, `{:ok, "host:port"}`
+  (the port bound when `:metrics_listen` gave port 0), or `{:ok, nil}`
+  without one. Options: `:engine`.
+  """
+  @spec metrics_addr(keyword) :: {:ok, String.t() | nil} | {:error, Error.t()}
+  def metrics_addr(opts \\ []) do
+    with {:ok, engine} <- engine(opts),
+         :ok <- known_opts(opts, [:engine]) do
+      native(&Native.metrics_addr(engine, &1))
+    end
+  end
+
+  defp act_where(action, conditions, opts, default_reason) do
+    allowed = if default_reason, do: [:reason, :engine], else: [:engine]
+
+    with {:ok, conditions} <- conditions(conditions, opts),
+         :ok <- known_opts(conditions, @conditions ++ allowed),
+         {:ok, engine} <- engine(conditions),
+         {:ok, filter} <- filter(conditions),
+         {:ok, reason} <- opt_string(Keyword.get(conditions, :reason), :reason),
+         {:ok, {matched, changed}} <-
+           native(&Native.act_where(engine, action, filter, reason || default_reason || "", &1)) do
+      {:ok, %{matched: matched, changed: changed}}
+    end
+  end
+
+  defp act_one(action, id, opts) do
+    with {:ok, engine} <- engine(opts),
+         :ok <- known_opts(opts, [:engine]),
+         :ok <- id(id) do
+      native(&Native.act_one(engine, action, id, &1))
+    end
+  end
+
+  defp pause(queue, paused, opts) do
+    with {:ok, engine} <- engine(opts),
+         :ok <- known_opts(opts, [:engine]),
+         {:ok, queue} <- string(queue, :queue) do
+      native(&Native.pause_queue(engine, queue, paused, &1))
+    end
+  end
+
+  # Conditions and options in one list: `count(workflow: W, engine: e)` and
+  # `count([workflow: W], engine: e)` alike.
+  defp conditions(conditions, opts) do
+    if is_list(conditions) and Keyword.keyword?(conditions) and is_list(opts) and
+         Keyword.keyword?(opts) do
+      {:ok, conditions ++ opts}
+    else
+      {:error,
+       Error.input(
+         :conditions,
+         "the conditions and options must be keyword lists, got: " <>
+           "#{inspect(conditions)} and #{inspect(opts)}"
+       )}
+    end
+  end
+
+  defp known_opts(opts, known) do
+    if is_list(opts) and Keyword.keyword?(opts) do
+      case Keyword.keys(opts) -- known do
+        [] ->
+          :ok
+
+        [k | _] ->
+          {:error,
+           Error.input(
+             :options,
+             "unknown option #{inspect(k)} (known: #{Enum.map_join(known, ", ", &inspect/1)})"
+           )}
+      end
+    else
+      {:error, Error.input(:options, "the options must be a keyword list, got: #{inspect(opts)}")}
+    end
+  end
+
+  # The filter as the NIF takes it: {ids, workflow, queue, statuses, key,
+  # error}, nil when not given. The core refuses an empty one and checks
+  # the names.
+  defp filter(c) do
+    with {:ok, ids} <- condition(c, :ids, &filter_ids/1),
+         {:ok, workflow} <- condition(c, :workflow, &workflow/1),
+         {:ok, queue} <- condition(c, :queue, &string(&1, :queue)),
+         {:ok, statuses} <- condition(c, :status, &statuses/1),
+         {:ok, key} <- condition(c, :key, &filter_key/1),
+         {:ok, error} <- condition(c, :error, &string(&1, :error)) do
+      {:ok, {ids, workflow, queue, statuses, key, error}}
+    end
+  end
+
+  defp condition(c, name, fun) do
+    case Keyword.fetch(c, name) do
+      :error -> {:ok, nil}
+      {:ok, nil} -> {:ok, nil}
+      {:ok, v} -> fun.(v)
+    end
+  end
+
+  defp filter_ids(id) when is_integer(id), do: {:ok, [id]}
+
+  defp filter_ids(ids) when is_list(ids) do
+    if Enum.all?(ids, &is_integer/1),
+      do: {:ok, ids},
+      else: {:error, Error.input(:ids, "invalid ids: must be integers, got: #{inspect(ids)}")}
+  end
+
+  defp filter_ids(other),
+    do:
+      {:error,
+       Error.input(:ids, "invalid ids: must be a list of integers, got: #{inspect(other)}")}
+
+  defp statuses(list) when is_list(list) do
+    Enum.reduce_while(list, {:ok, []}, fn s, {:ok, acc} ->
+      case string(s, :status) do
+        {:ok, s} -> {:cont, {:ok, [s | acc]}}
+        err -> {:halt, err}
+      end
+    end)
+    |> case do
+      {:ok, acc} -> {:ok, Enum.reverse(acc)}
+      err -> err
+    end
+  end
+
+  defp statuses(one), do: statuses([one])
+
+  defp filter_key(k) do
+    case key(k) do
+      {:ok, k} ->
+        {:ok, k}
+
+      :error ->
+        {:error,
+         Error.input(
+           :key,
+           "invalid key: must be a string or a {name, id} tuple, got: #{inspect(k)}"
+         )}
+    end
+  end
 
   @doc """
   The statement and parameters that insert an instance of `workflow` in

@@ -24,6 +24,8 @@
 //! * `engine`: a supervision tree's engine, its options, start and stop.
 //! * `client`: insert, get, signal, send, cancel; drain and inserted for
 //!   `GenDurable.Testing`.
+//! * `actions`: count, cancel, retry and delete by conditions, retry and
+//!   delete one instance, pause and resume a queue; metrics.
 //! * `step`: steps run by Elixir processes.
 //! * `convert`: terms to JSON and back.
 //! * `errors`: core errors as terms. `runtime`: the Tokio runtime, replies.
@@ -33,6 +35,7 @@
 //! `TempPgRes`) are registered when the library loads, by their
 //! `#[rustler::resource_impl]`.
 
+mod actions;
 mod bench;
 mod bulkhead;
 mod client;
@@ -115,6 +118,8 @@ mod atoms {
         woken,
         kept,
         finished,
+        retry,
+        delete,
     }
 }
 
