@@ -8,4 +8,5 @@ ExUnit.after_suite(fn _ ->
   if pg, do: GenDurable.TempPostgres.stop(pg)
 end)
 
-ExUnit.start()
+# Logs (a step that fails is a warning) are shown for failed tests only.
+ExUnit.start(capture_log: true)

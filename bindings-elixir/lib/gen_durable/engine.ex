@@ -16,6 +16,9 @@ defmodule GenDurable.Engine do
   @impl true
   def init(args) do
     Process.flag(:trap_exit, true)
+    # Loads :telemetry if the application has it, so that the step runner's
+    # check (`function_exported?/3`) sees it; see `GenDurable.Runner`.
+    Code.ensure_loaded?(:telemetry)
 
     %{options: options, workflows: workflows} = args.config
 
@@ -146,14 +149,99 @@ defmodule GenDurable.Runner do
   # Takes one step and answers the core. Whatever the callback does
   # (returns, raises, throws, exits), exactly one answer is sent. A step
   # another process took (it was sent twice) or the core stopped is skipped.
+  #
+  # A step that returns or raises an error, or discards, is logged (a
+  # warning). When the application has `:telemetry`, each step emits
+  # `[:gen_durable, :step, :start]`, then `[:gen_durable, :step, :stop]` or
+  # `[:gen_durable, :step, :exception]`. The package does not depend on
+  # `:telemetry`: it is called through `apply/3` when its module is loaded
+  # (the Engine process loads it when it starts, if it is there).
+
+  require Logger
 
   alias GenDurable.Native
 
   def run(handle) do
     case begin(handle) do
-      {:ok, module, step, state, ctx} -> reply(handle, call(module, step, state, ctx))
-      :skip -> :skip
+      {:ok, module, step, state, ctx} ->
+        meta = %{
+          workflow: ctx.workflow,
+          step: step,
+          id: ctx.id,
+          queue: ctx.queue,
+          attempt: ctx.attempt,
+          max_attempts: ctx.max_attempts,
+          module: module
+        }
+
+        start = System.monotonic_time()
+        telemetry(:start, %{system_time: System.system_time(), monotonic_time: start}, meta)
+        {result, raised} = call(module, step, state, ctx)
+        duration = System.monotonic_time() - start
+        report(result, raised, duration, meta)
+        reply(handle, result)
+
+      :skip ->
+        :skip
     end
+  end
+
+  defp report(result, nil, duration, meta) do
+    log(result, meta)
+    telemetry(:stop, %{duration: duration}, Map.put(meta, :result, outcome(result)))
+  end
+
+  defp report(result, {kind, reason, stacktrace}, duration, meta) do
+    log(result, meta)
+
+    telemetry(
+      :exception,
+      %{duration: duration},
+      Map.merge(meta, %{kind: kind, reason: reason, stacktrace: stacktrace})
+    )
+  end
+
+  defp outcome(result), do: elem(result, 0)
+
+  defp log({:error, message, _}, meta) do
+    Logger.warning(
+      "gen_durable: #{where(meta)} failed (attempt #{meta.attempt} of " <>
+        "#{meta.max_attempts}): #{message}",
+      log_meta(meta)
+    )
+  end
+
+  defp log({:discard, reason}, meta) do
+    Logger.warning(
+      "gen_durable: #{where(meta)} discarded the instance: #{reason}",
+      log_meta(meta)
+    )
+  end
+
+  defp log(_result, _meta), do: :ok
+
+  defp where(meta),
+    do: "#{meta.workflow} step #{inspect(meta.step)} of instance #{meta.id}"
+
+  defp log_meta(meta) do
+    [
+      gen_durable_workflow: meta.workflow,
+      gen_durable_step: meta.step,
+      gen_durable_id: meta.id,
+      gen_durable_attempt: meta.attempt
+    ]
+  end
+
+  defp telemetry(event, measurements, meta) do
+    if function_exported?(:telemetry, :execute, 3) do
+      apply(:telemetry, :execute, [[:gen_durable, :step, event], measurements, meta])
+    end
+
+    :ok
+  rescue
+    # A handler's failure is :telemetry's to report (it detaches it); the
+    # step's answer goes on.
+    _ -> :ok
   end
 
   # Small values are converted on this process's scheduler; the NIF says
@@ -167,14 +255,17 @@ defmodule GenDurable.Runner do
          do: Native.step_reply_dirty(handle, result)
   end
 
+  # {result for the core, nil | {kind, reason, stacktrace} if it raised}
   defp call(module, step, state, ctx) do
-    normalize(module.handle_step(step, state, ctx))
+    {normalize(module.handle_step(step, state, ctx)), nil}
   rescue
-    e -> {:error, Exception.message(e), Exception.format(:error, e, __STACKTRACE__)}
+    e ->
+      {{:error, Exception.message(e), Exception.format(:error, e, __STACKTRACE__)},
+       {:error, e, __STACKTRACE__}}
   catch
     kind, reason ->
-      {:error, Exception.format_banner(kind, reason, __STACKTRACE__),
-       Exception.format(kind, reason, __STACKTRACE__)}
+      {{:error, Exception.format_banner(kind, reason, __STACKTRACE__),
+        Exception.format(kind, reason, __STACKTRACE__)}, {kind, reason, __STACKTRACE__}}
   end
 
   @doc false
