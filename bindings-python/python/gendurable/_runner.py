@@ -9,12 +9,45 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 import traceback
 from typing import Any, Callable, Optional
 
 from .context import Context
 from .errors import Error
 from .transitions import Discard, Transition
+
+log = logging.getLogger("gendurable")
+
+
+def _logged(result: tuple, step: str, ctx: tuple) -> tuple:
+    """``result``; a step error or a discard is also a warning on the
+    ``gendurable`` logger, with the instance in the record's ``gendurable``
+    attribute (id, workflow, step, attempt, max_attempts)."""
+    kind = result[0]
+    if kind in ("error", "discard") and log.isEnabledFor(logging.WARNING):
+        instance, workflow, _queue, attempt, max_attempts = ctx[:5]
+        what = "failed" if kind == "error" else "discarded its instance"
+        log.warning(
+            "%s step %r of instance %s %s (attempt %s of %s): %s",
+            workflow,
+            step,
+            instance,
+            what,
+            attempt,
+            max_attempts,
+            result[1],
+            extra={
+                "gendurable": {
+                    "id": instance,
+                    "workflow": workflow,
+                    "step": step,
+                    "attempt": attempt,
+                    "max_attempts": max_attempts,
+                }
+            },
+        )
+    return result
 
 
 def _error(reason: str, detail: Optional[str]) -> tuple:
@@ -58,8 +91,8 @@ def invoke(fn: Callable[..., Any], takes_step: bool, step: str, state: Any, ctx:
         if inspect.isawaitable(out):
             out = asyncio.run(_await(out))
     except BaseException as exc:
-        return _raised(exc)
-    return encode(out)
+        return _logged(_raised(exc), step, ctx)
+    return _logged(encode(out), step, ctx)
 
 
 async def _await(aw: Any) -> Any:
@@ -75,8 +108,8 @@ async def _run(
         if inspect.isawaitable(out):
             out = await out
     except Exception as exc:
-        return _raised(exc)
-    return encode(out)
+        return _logged(_raised(exc), step, ctx)
+    return _logged(encode(out), step, ctx)
 
 
 def invoke_async(

@@ -591,6 +591,10 @@ class Engine:
     outcome at once. Instances that await stay awaiting; a retry waits for
     its backoff (drain with ``scheduled=True`` to run it).
 
+    ``metrics_listen="127.0.0.1:9090"``: while the worker runs, it serves
+    ``GET /metrics`` in the Prometheus text format there (the core's
+    ``metrics_listen``).
+
     Register every workflow before the first call (an insert, :meth:`get`,
     :meth:`start`...): it builds the one engine that its calls and its worker
     go through, with the workflows registered by then.
@@ -617,6 +621,7 @@ class Engine:
         connect_timeout: Union[float, _dt.timedelta, None] = None,
         cron: Iterable[Cron] = (),
         inline: bool = False,
+        metrics_listen: Optional[str] = None,
     ) -> None:
         if url is None:
             url = os.environ.get("DATABASE_URL") or None
@@ -642,6 +647,7 @@ class Engine:
             "backoff": _backoff(backoff),
             "pool_size": max_connections,
             "cron": _cron(cron),
+            "metrics_listen": metrics_listen,
         }
         if retention is not _UNSET:
             options["retention"] = "infinity" if retention is None else _millis(retention)
