@@ -185,49 +185,35 @@ impl gendurable::Workflow for Billing {
     }
 }
 
-#[tokio::test]
-async fn a_workflow_declares_its_defaults_and_the_builder_may_replace_them() {
+/// Where an instance of `Billing` inserted with no options lands, and its
+/// attempts, with `defaults` given to the builder (if any).
+async fn billing_insert(defaults: Option<WorkflowDefaults>) -> (String, i32) {
     let url = support::url();
     let schema = support::schema("trait_defaults");
-    let engine = support::builder(&url, &schema)
+    let mut b = support::builder(&url, &schema)
         .queue("billing", 1)
-        .workflow("Billing", Billing)
-        .build()
+        .workflow("Billing", Billing);
+    if let Some(d) = defaults {
+        b = b.workflow_defaults("Billing", d);
+    }
+    let engine = b.build().await.unwrap();
+    let id = engine
+        .insert(NewInstance::new("Billing", json!({})))
         .await
         .unwrap();
-    let i = engine
-        .get(
-            engine
-                .insert(NewInstance::new("Billing", json!({})))
-                .await
-                .unwrap(),
-        )
-        .await
-        .unwrap();
-    assert_eq!((i.queue.as_str(), i.max_attempts), ("billing", 3));
+    let i = engine.get(id).await.unwrap();
+    (i.queue, i.max_attempts)
+}
 
-    let schema = support::schema("trait_defaults_replaced");
-    let engine = support::builder(&url, &schema)
-        .queue("billing", 1)
-        .workflow("Billing", Billing)
-        .workflow_defaults(
-            "Billing",
-            WorkflowDefaults {
-                max_attempts: Some(7),
-                ..Default::default()
-            },
-        )
-        .build()
-        .await
-        .unwrap();
-    let i = engine
-        .get(
-            engine
-                .insert(NewInstance::new("Billing", json!({})))
-                .await
-                .unwrap(),
-        )
-        .await
-        .unwrap();
-    assert_eq!((i.queue.as_str(), i.max_attempts), ("default", 7));
+#[tokio::test]
+async fn a_workflow_declares_its_defaults_and_the_builder_may_replace_them() {
+    assert_eq!(billing_insert(None).await, ("billing".to_owned(), 3));
+    let replaced = WorkflowDefaults {
+        max_attempts: Some(7),
+        ..Default::default()
+    };
+    assert_eq!(
+        billing_insert(Some(replaced)).await,
+        ("default".to_owned(), 7)
+    );
 }

@@ -81,17 +81,18 @@ async fn fire(
     let name = entry.entry_name();
     let sql = &ctx.store.sql;
     let mut tx = ctx.store.pool.begin().await?;
-    if let Some(first) = schedule.latest_until(Utc::now()) {
-        sqlx::query(&sql.cron_register)
-            .bind(name)
-            .bind(first)
-            .execute(&mut *tx)
-            .await?;
+    let mut row = lock(ctx, &mut tx, name).await?;
+    if row.is_none() {
+        // Seen for the first time (once per entry, not per round).
+        if let Some(first) = schedule.latest_until(Utc::now()) {
+            sqlx::query(&sql.cron_register)
+                .bind(name)
+                .bind(first)
+                .execute(&mut *tx)
+                .await?;
+            row = lock(ctx, &mut tx, name).await?;
+        }
     }
-    let row: Option<(DateTime<Utc>, DateTime<Utc>)> = sqlx::query_as(&sql.cron_lock)
-        .bind(name)
-        .fetch_optional(&mut *tx)
-        .await?;
     let Some((last, now)) = row else {
         // A schedule with no tick before now: nothing can be due yet.
         return Ok((Utc::now(), schedule.next_after(Utc::now())));
@@ -124,4 +125,17 @@ async fn fire(
             schedule.next_after(now)
         },
     ))
+}
+
+/// The entry's last tick, locked, and the database's clock (None: the entry
+/// has no row yet).
+async fn lock(
+    ctx: &Context,
+    tx: &mut sqlx::PgConnection,
+    name: &str,
+) -> Result<Option<(DateTime<Utc>, DateTime<Utc>)>> {
+    Ok(sqlx::query_as(&ctx.store.sql.cron_lock)
+        .bind(name)
+        .fetch_optional(tx)
+        .await?)
 }
