@@ -249,6 +249,14 @@ CREATE TABLE gendurable.rate_state (
     tat timestamp with time zone NOT NULL
 );
 
+CREATE TABLE gendurable.throughput (
+    minute timestamp with time zone NOT NULL,
+    node text NOT NULL,
+    started bigint DEFAULT 0 NOT NULL,
+    failed bigint DEFAULT 0 NOT NULL,
+    completed bigint DEFAULT 0 NOT NULL
+);
+
 ALTER TABLE ONLY gendurable.cron
     ADD CONSTRAINT cron_pkey PRIMARY KEY (name);
 
@@ -272,6 +280,9 @@ ALTER TABLE ONLY gendurable.queue_pauses
 
 ALTER TABLE ONLY gendurable.rate_state
     ADD CONSTRAINT rate_state_pkey PRIMARY KEY (key);
+
+ALTER TABLE ONLY gendurable.throughput
+    ADD CONSTRAINT throughput_pkey PRIMARY KEY (minute, node);
 
 CREATE INDEX instances_await_signal ON gendurable.instances USING btree (await_signal) WHERE ((status = 'awaiting'::text) AND (await_signal IS NOT NULL));
 

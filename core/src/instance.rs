@@ -28,6 +28,12 @@ pub enum Status {
     Discarded,
 }
 
+impl serde::Serialize for Status {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
 impl Status {
     /// The status as stored.
     pub fn as_str(self) -> &'static str {

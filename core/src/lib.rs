@@ -93,6 +93,15 @@ pub use engine::{
     RateStatus, WaitingRows, DRAIN_MAX_STEPS,
 };
 pub use error::{Error, Result};
+
+/// What the dashboard reads: [`Engine::overview`], [`Engine::list`],
+/// [`Engine::why`], [`Engine::keys`].
+pub mod inspect {
+    pub use crate::engine::{
+        capture_warnings, Finished, InstancePage, InstanceRow, KeysView, ListQuery, Minute,
+        Overview, QueueLoad, Wait,
+    };
+}
 /// The in-process bulkhead (the `gendurable-bulkhead` crate).
 pub use gendurable_bulkhead as bulkhead;
 pub use instance::{

@@ -120,7 +120,7 @@ impl Filter {
         Ok(())
     }
 
-    fn bind<'q>(
+    pub(in crate::engine) fn bind<'q>(
         &'q self,
         q: sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
         after: Option<i64>,

@@ -29,7 +29,7 @@ impl Engine {
     /// per queue and status, gate slots in use per gate name).
     pub async fn metrics(&self) -> Result<String> {
         let (sql, pool) = (&self.ctx.store.sql, &self.ctx.store.pool);
-        let instances = sqlx::query(&sql.metrics_instances).fetch_all(pool).await?;
+        let instances = sqlx::query(&sql.active_counts).fetch_all(pool).await?;
         let gates = sqlx::query(&sql.metrics_gates).fetch_all(pool).await?;
         let node = escape(&self.ctx.cfg.node_id);
         let s = self.ctx.stats.snapshot();

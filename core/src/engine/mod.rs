@@ -5,12 +5,17 @@ mod actions;
 mod builder;
 mod cron;
 mod insert;
+mod inspect;
 mod metrics;
 mod status;
 mod testing;
 
 pub use actions::{Acted, Filter};
 pub use builder::EngineBuilder;
+pub use inspect::{
+    capture_warnings, Finished, InstancePage, InstanceRow, KeysView, ListQuery, Minute, Overview,
+    QueueLoad, Wait,
+};
 pub use status::{
     ClusterStatus, GateStatus, KeyLimit, NoNode, NodeStatus, Parked, ParkedKey, QueueCount,
     RateStatus, WaitingRows,

@@ -78,6 +78,8 @@ pub(crate) struct Shared {
     /// A claiming call failed (its commit may have happened without its
     /// answer reaching us), or the node just started: check for lost claims.
     check_lost: AtomicBool,
+    /// The step counters as last added to `throughput`.
+    throughput: tokio::sync::Mutex<maintenance::Recorded>,
 }
 
 /// A step running here: its claim token, a handle to stop it, why it was
@@ -151,6 +153,7 @@ impl Node {
             running: StdMutex::new(HashMap::new()),
             successors: StdMutex::new(Successors::default()),
             writer_wake: Notify::new(),
+            throughput: Default::default(),
             call_time: Smoothed::default(),
             holding: StdMutex::new(HashMap::new()),
             live,
@@ -236,6 +239,11 @@ impl Node {
         for b in self.background {
             b.abort();
             let _ = b.await;
+        }
+        // The last steps' counts, on the dashboard's chart too.
+        let mut recorded = sh.throughput.lock().await;
+        if let Err(e) = maintenance::record_throughput(&ctx, &mut recorded).await {
+            tracing::debug!(error = %e, "recording throughput failed");
         }
         // Without our node row, anything left executing here is rescued at once.
         ctx.store.forget_node(&ctx.cfg.node_id).await

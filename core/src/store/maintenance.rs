@@ -190,4 +190,22 @@ impl Store {
             .await?;
         Ok(n as u64)
     }
+
+    /// Adds a node's step counts to its row of the current minute.
+    pub async fn throughput_add(
+        &self,
+        node_id: &str,
+        started: i64,
+        failed: i64,
+        completed: i64,
+    ) -> Result<()> {
+        sqlx::query(&self.sql.throughput_add)
+            .bind(node_id)
+            .bind(started)
+            .bind(failed)
+            .bind(completed)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
 }

@@ -78,13 +78,15 @@ queries! {
     // Operators' actions.
     retry, delete, count, pause, resume, paused,
     // Metrics.
-    metrics_instances, metrics_gates,
+    active_counts, metrics_gates,
     // Testing.
     stage_queue, inserted,
     // Liveness.
     heartbeat, forget_node, reap, forget_dead_nodes,
     // Maintenance.
-    stage, prune, prune_rates, reconcile, park_orphans, unpark_workflows, unpark_sweep, rate_sweep,
+    stage, prune, prune_rates, throughput_add, reconcile, park_orphans, unpark_workflows, unpark_sweep, rate_sweep,
+    // The dashboard's reads.
+    finished_count, throughput_recent, id_bounds, list_window, why_waiting,
     // Status.
     schema_exists, status_counts, status_nodes, status_waiting, status_gates,
     status_executing_keys, status_rates, status_parked,

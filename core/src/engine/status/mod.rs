@@ -193,26 +193,7 @@ impl Engine {
                 })
             })
             .collect::<Result<_>>()?;
-        let nodes = sqlx::query(&sql.status_nodes)
-            .bind(lease)
-            .fetch_all(pool)
-            .await?
-            .iter()
-            .map(|r| {
-                Ok(NodeStatus {
-                    id: r.try_get(0)?,
-                    hostname: r.try_get(1)?,
-                    pid: r.try_get(2)?,
-                    queues: r.try_get(3)?,
-                    started_at: r.try_get(4)?,
-                    heartbeat_at: r.try_get(5)?,
-                    executing: r.try_get(6)?,
-                    workflows: r
-                        .try_get::<Option<serde_json::Value>, _>(7)?
-                        .map(workflow_names),
-                })
-            })
-            .collect::<Result<_>>()?;
+        let nodes = self.live_nodes().await?;
         let waiting = sqlx::query(&sql.status_waiting)
             .bind(lease)
             .fetch_all(pool)
@@ -232,34 +213,9 @@ impl Engine {
                 })
             })
             .collect::<Result<_>>()?;
-        let gates = sqlx::query(&sql.status_gates)
-            .fetch_all(pool)
-            .await?
-            .iter()
-            .map(|r| {
-                Ok(GateStatus {
-                    key: r.try_get(0)?,
-                    in_flight: r.try_get(1)?,
-                    limit: r.try_get(2)?,
-                    available: r.try_get(3)?,
-                    shards: r.try_get(4)?,
-                })
-            })
-            .collect::<Result<_>>()?;
-        let executing_keys = sqlx::query_scalar(&sql.status_executing_keys)
-            .fetch_all(pool)
-            .await?;
-        let rates = sqlx::query(&sql.status_rates)
-            .fetch_all(pool)
-            .await?
-            .iter()
-            .map(|r| {
-                Ok(RateStatus {
-                    key: r.try_get(0)?,
-                    tat: r.try_get(1)?,
-                })
-            })
-            .collect::<Result<_>>()?;
+        let gates = self.gate_statuses().await?;
+        let executing_keys = self.executing_keys().await?;
+        let rates = self.rate_statuses().await?;
         let parked = self.parked().await?;
         Ok(ClusterStatus {
             counts,
@@ -275,8 +231,75 @@ impl Engine {
 }
 
 impl Engine {
+    /// Live nodes: heartbeating within the lease.
+    pub(crate) async fn live_nodes(&self) -> Result<Vec<NodeStatus>> {
+        let (sql, pool) = (&self.ctx.store.sql, &self.ctx.store.pool);
+        sqlx::query(&sql.status_nodes)
+            .bind(self.ctx.cfg.lease.as_secs_f64())
+            .fetch_all(pool)
+            .await?
+            .iter()
+            .map(|r| {
+                Ok(NodeStatus {
+                    id: r.try_get(0)?,
+                    hostname: r.try_get(1)?,
+                    pid: r.try_get(2)?,
+                    queues: r.try_get(3)?,
+                    started_at: r.try_get(4)?,
+                    heartbeat_at: r.try_get(5)?,
+                    executing: r.try_get(6)?,
+                    workflows: r
+                        .try_get::<Option<serde_json::Value>, _>(7)?
+                        .map(workflow_names),
+                })
+            })
+            .collect()
+    }
+
+    /// Every gate key with its counters.
+    pub(crate) async fn gate_statuses(&self) -> Result<Vec<GateStatus>> {
+        sqlx::query(&self.ctx.store.sql.status_gates)
+            .fetch_all(&self.ctx.store.pool)
+            .await?
+            .iter()
+            .map(|r| {
+                Ok(GateStatus {
+                    key: r.try_get(0)?,
+                    in_flight: r.try_get(1)?,
+                    limit: r.try_get(2)?,
+                    available: r.try_get(3)?,
+                    shards: r.try_get(4)?,
+                })
+            })
+            .collect()
+    }
+
+    /// K = 1 keys executing now (at most 100, oldest claim first).
+    pub(crate) async fn executing_keys(&self) -> Result<Vec<String>> {
+        Ok(
+            sqlx::query_scalar(&self.ctx.store.sql.status_executing_keys)
+                .fetch_all(&self.ctx.store.pool)
+                .await?,
+        )
+    }
+
+    /// Rate-limit keys and their schedules.
+    pub(crate) async fn rate_statuses(&self) -> Result<Vec<RateStatus>> {
+        sqlx::query(&self.ctx.store.sql.status_rates)
+            .fetch_all(&self.ctx.store.pool)
+            .await?
+            .iter()
+            .map(|r| {
+                Ok(RateStatus {
+                    key: r.try_get(0)?,
+                    tat: r.try_get(1)?,
+                })
+            })
+            .collect()
+    }
+
     /// Keys with parked rows (see `sql/queries/status_parked.sql`).
-    async fn parked(&self) -> Result<Vec<ParkedKey>> {
+    pub(crate) async fn parked(&self) -> Result<Vec<ParkedKey>> {
         sqlx::query(&self.ctx.store.sql.status_parked)
             .fetch_all(&self.ctx.store.pool)
             .await?

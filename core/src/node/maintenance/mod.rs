@@ -6,6 +6,7 @@ mod pruner;
 mod reaper;
 mod reconciler;
 mod stager;
+mod throughput;
 mod unparker;
 
 pub(crate) use pruner::prune;
@@ -20,10 +21,13 @@ use stager::stage;
 use std::sync::atomic::Ordering::SeqCst;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+pub(crate) use throughput::{record_throughput, Recorded};
 use unparker::{park_by_workflow, unpark_keys, unpark_rates};
 
 /// Rows the stager moves per statement.
 const STAGE_BATCH: i64 = 10_000;
+/// How often a node adds its step counts to `throughput`.
+const THROUGHPUT_EVERY: Duration = Duration::from_secs(5);
 /// Finished rows pruned per maintenance pass.
 const PRUNE_BATCH: i64 = 10_000;
 /// Gate keys the reconciler sweeps per maintenance pass.
@@ -49,6 +53,7 @@ pub(super) async fn maintain(sh: Arc<Shared>) {
     let mut gates_after: Option<String> = None;
     let mut parked_after: Option<String> = None;
     let mut last_prune = Instant::now() - Duration::from_secs(3600);
+    let mut last_recorded = Instant::now();
     loop {
         let now = Instant::now();
         if let Err(e) = stage(ctx).await {
@@ -100,6 +105,12 @@ pub(super) async fn maintain(sh: Arc<Shared>) {
             match reconcile_gates_from(ctx, gates_after.as_deref()).await {
                 Ok((_, next)) => gates_after = next,
                 Err(e) => tracing::debug!(error = %e, "gate reconciliation failed"),
+            }
+        }
+        if now - last_recorded >= THROUGHPUT_EVERY {
+            last_recorded = now;
+            if let Err(e) = record_throughput(ctx, &mut *sh.throughput.lock().await).await {
+                tracing::debug!(error = %e, "recording throughput failed");
             }
         }
         if now - last_prune >= Duration::from_secs(60) {
