@@ -154,6 +154,27 @@ enum Command {
         #[arg(long, value_parser = parse_seconds)]
         ttl: Option<Duration>,
     },
+    /// Serve the web dashboard: queues, instances and why each waits, keys,
+    /// gates and rate limits, and /metrics (read-only unless --allow-actions).
+    ///
+    /// Needs only a connection (no node runs here). Every page reads through
+    /// the engine's indexes, so it is safe on a large table; see
+    /// docs/dashboard.md.
+    Dashboard {
+        #[command(flatten)]
+        db: Db,
+        /// Address to listen on (port 0: any free port).
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        listen: std::net::SocketAddr,
+        /// Turn on the action buttons and endpoints: cancel, retry, delete,
+        /// signal (one instance or every one a filter names), pause and
+        /// resume a queue.
+        #[arg(long)]
+        allow_actions: bool,
+        /// Seconds between the pages' live reloads.
+        #[arg(long, default_value = "2", value_parser = parse_seconds)]
+        refresh: Duration,
+    },
     /// Run a node with the built-in `gendurable.Echo` workflow, until SIGTERM or Ctrl-C.
     ///
     /// For cross-language checks: `start` → `finish` → done, adding
@@ -423,6 +444,36 @@ async fn execute(command: Command) -> Result<()> {
                 }
                 (None, None) => println!("woke {}", engine.signal(&name, payload).await?),
             }
+        }
+        Command::Dashboard {
+            db,
+            listen,
+            allow_actions,
+            refresh,
+        } => {
+            let engine = client(&db, Schema::MustExist).await?;
+            let options = gendurable_dashboard::Options {
+                listen,
+                allow_actions,
+                refresh,
+            };
+            let mode = if allow_actions {
+                "actions allowed"
+            } else {
+                "read-only"
+            };
+            gendurable_dashboard::serve(
+                engine,
+                options,
+                |addr| {
+                    println!("dashboard on http://{addr}/ ({mode}); Ctrl-C stops it");
+                    use std::io::Write;
+                    let _ = std::io::stdout().flush();
+                },
+                std::future::pending(),
+            )
+            .await
+            .with_context(|| format!("cannot serve the dashboard on {listen}"))?;
         }
         Command::Get { db, id } => {
             let i = client(&db, Schema::MustExist).await?.get(id).await?;
