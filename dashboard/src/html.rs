@@ -65,21 +65,25 @@ pub fn page(
     let banner = banner
         .map(|b| format!("<p class=\"banner\" id=\"banner\">{}</p>", esc(b)))
         .unwrap_or_default();
-    let live = if refresh_ms > 0 {
-        format!(
+    // The script comes last: it looks up `main`.
+    let (live, script) = if refresh_ms > 0 {
+        (
             "<label class=\"live\"><input type=\"checkbox\" id=\"live\" checked> live \
-             <span id=\"updated\"></span></label><script>{}</script>",
-            SCRIPT.replace("REFRESH_MS", &refresh_ms.to_string())
+             <span id=\"updated\"></span></label>",
+            format!(
+                "<script>{}</script>",
+                SCRIPT.replace("REFRESH_MS", &refresh_ms.to_string())
+            ),
         )
     } else {
-        String::new()
+        ("", String::new())
     };
     format!(
         "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">\
          <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
          <title>{title} · gendurable</title><style>{CSS}</style></head><body>\
          <header><strong>gendurable</strong><nav>{}{}{}<a href=\"/metrics\">Metrics</a></nav>{live}</header>\
-         {banner}<div class=\"top\">{top}</div><main id=\"main\">{main}</main></body></html>",
+         {banner}<div class=\"top\">{top}</div><main id=\"main\">{main}</main>{script}</body></html>",
         link(Nav::Overview, "/", "Overview"),
         link(Nav::Instances, "/instances", "Instances"),
         link(Nav::Keys, "/keys", "Keys &amp; gates"),

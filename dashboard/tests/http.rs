@@ -4,23 +4,13 @@
 
 mod support;
 
-use gendurable::{Engine, Status};
+use gendurable::Status;
 use prometheus_parse::{Scrape, Value};
 use std::time::Duration;
-use support::{get, load, post, token_of};
+use support::{get, load, post, token_of, wait_status};
 
 /// Long enough that nothing the test looks at finishes under it.
 const HOLD: Duration = Duration::from_secs(3600);
-
-async fn wait_status(engine: &Engine, id: i64, status: Status) {
-    for _ in 0..400 {
-        if engine.get(id).await.unwrap().status == status {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    panic!("#{id} never became {status:?}");
-}
 
 #[tokio::test]
 async fn a_read_only_dashboard_shows_the_cluster_and_refuses_actions() {

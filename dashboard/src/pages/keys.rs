@@ -116,7 +116,11 @@ fn render(k: &KeysView) -> String {
         let _ = write!(
             m,
             "<tr><td>{}</td><td>{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td></tr>",
-            key_link(&p.key),
+            // The list filters by concurrency key: a rate-limit key is text.
+            match p.waits_for {
+                Parked::Key => key_link(&p.key),
+                _ => esc(&p.key),
+            },
             match p.waits_for {
                 Parked::Key => "room under its key",
                 Parked::Rate => "its rate limit",

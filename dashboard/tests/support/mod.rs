@@ -156,9 +156,20 @@ fn unchunk(mut s: &str) -> String {
             break;
         }
         out.push_str(&rest[..n]);
-        s = &rest[n..].trim_start_matches("\r\n");
+        s = rest[n..].trim_start_matches("\r\n");
     }
     out
+}
+
+/// Waits for instance `id` to reach `status` (a failure if it never does).
+pub async fn wait_status(engine: &Engine, id: i64, status: gendurable::Status) {
+    for _ in 0..400 {
+        if engine.get(id).await.unwrap().status == status {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("#{id} never became {status:?}");
 }
 
 /// The action token a page's forms carry.
