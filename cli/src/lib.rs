@@ -112,6 +112,15 @@ enum Command {
         #[arg(allow_negative_numbers = true)]
         id: i64,
     },
+    /// Say why an instance is not running now, or what it is doing
+    /// (read-only): a held key, a full gate, a rate limit, a paused queue, no
+    /// node for its queue or workflow, rows ahead of it, its node's silence.
+    Why {
+        #[command(flatten)]
+        db: Db,
+        #[arg(allow_negative_numbers = true)]
+        id: i64,
+    },
     /// Cancel instances: by id, or every one the --where conditions name.
     ///
     /// One not started is cancelled now; an executing one is stopped by the
@@ -474,6 +483,17 @@ async fn execute(command: Command) -> Result<()> {
             )
             .await
             .with_context(|| format!("cannot serve the dashboard on {listen}"))?;
+        }
+        Command::Why { db, id } => {
+            let engine = client(&db, Schema::MustExist).await?;
+            let why = engine.why(id).await?;
+            if why.is_empty() {
+                let status = engine.get(id).await?.status;
+                println!("#{id} is {}: it waits for nothing", status.as_str());
+            }
+            for reason in why {
+                println!("{reason}");
+            }
         }
         Command::Get { db, id } => {
             let i = client(&db, Schema::MustExist).await?.get(id).await?;

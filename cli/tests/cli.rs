@@ -40,6 +40,10 @@ async fn migrate_insert_echo_get_status() {
     let id = id.trim().to_owned();
     assert!(id.parse::<i64>().is_ok(), "{id}");
 
+    // No node yet: nothing serves its queue.
+    let why = stdout(&gendurable(&url, &["why", s[0], s[1], &id]));
+    assert_eq!(why.trim(), "no live node serves queue default");
+
     let mut echo = Command::new(env!("CARGO_BIN_EXE_gendurable"))
         .args(["echo", s[0], s[1]])
         .env("DATABASE_URL", &url)
@@ -60,6 +64,11 @@ async fn migrate_insert_echo_get_status() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
+    let why = stdout(&gendurable(&url, &["why", s[0], s[1], &id]));
+    assert_eq!(
+        why.trim(),
+        format!("#{id} is completed: it waits for nothing")
+    );
     assert_eq!(got["state"]["from"], "cli");
     assert_eq!(got["state"]["ran_by"], "rust");
     // SIGTERM: a graceful stop, exit status 0.
@@ -250,7 +259,16 @@ fn worker_is_listed_and_explained() {
         .unwrap();
     let help = String::from_utf8_lossy(&o.stdout);
     for verb in [
-        "migrate", "status", "insert", "get", "echo", "demo", "bench", "worker",
+        "migrate",
+        "status",
+        "insert",
+        "get",
+        "why",
+        "echo",
+        "demo",
+        "bench",
+        "worker",
+        "dashboard",
     ] {
         assert!(
             help.contains(&format!("\n  {verb} ")),
@@ -451,4 +469,46 @@ async fn operators_act_on_instances_from_the_command_line() {
     );
     let o = gendurable(&url, &["delete", s[0], s[1], "--where", "colour=red"]);
     assert!(one_line_error(&o).contains("unknown field \"colour\""));
+}
+
+#[tokio::test]
+async fn dashboard_serves_pages_until_stopped() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let pg = TempPostgres::start().await.unwrap();
+    let url = pg.url();
+    assert!(stdout(&gendurable(&url, &["migrate"])).contains("up to date"));
+    let mut dash = Command::new(env!("CARGO_BIN_EXE_gendurable"))
+        .args(["dashboard", "--listen", "127.0.0.1:0"])
+        .env("DATABASE_URL", &url)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(dash.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(line.contains("(read-only)"), "{line}");
+    let addr = line
+        .split("http://")
+        .nth(1)
+        .and_then(|r| r.split('/').next())
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .to_owned();
+    let mut s = std::net::TcpStream::connect(&addr).unwrap();
+    write!(s, "GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+    let mut reply = String::new();
+    s.read_to_string(&mut reply).unwrap();
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    assert!(reply.contains("<h1>Overview</h1>"));
+    unsafe { libc::kill(dash.id() as i32, libc::SIGINT) };
+    assert_eq!(dash.wait().unwrap().code(), Some(130));
+
+    // A schema that does not exist is said so, before anything listens.
+    let o = gendurable(
+        &url,
+        &["dashboard", "--schema", "typo", "--listen", "127.0.0.1:0"],
+    );
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("no gendurable schema \"typo\""));
 }
