@@ -75,9 +75,10 @@
 //! Free slots form a lock-free stack. An acquire pops one, a release pushes it
 //! back: three atomic read-modify-writes in all plus one read of the kernel's
 //! coarse clock, with no lock, no allocation and no search, whatever the limit
-//! and however many permits are held. A refusal is one load. Nothing about
-//! waiters, expiry or hooks is touched unless someone waits, a bulkhead goes
-//! from idle to busy, or hooks are set. `docs/bulkhead.md` has the benchmark
+//! and however many permits are held. A refusal is one load, plus an atomic
+//! add once refusals are counted for metrics ([`Bulkhead::count_saturated`]).
+//! Nothing about waiters, expiry or hooks is touched unless someone waits, a
+//! bulkhead goes from idle to busy, or hooks are set. `docs/bulkhead.md` has the benchmark
 //! figures and the protocol in detail; the implementation notes are in the
 //! `slots` module.
 //!
@@ -94,6 +95,13 @@
 //! global, durable rule and a bulkhead in each process to keep a single
 //! worker from flooding a slow dependency.
 //!
+//! # Metrics
+//!
+//! [`Bulkhead::saturated`] and [`Bulkhead::reclaimed`] count refusals (once
+//! asked to) and reclaims; [`prometheus`] writes the Prometheus text of a set
+//! of bulkheads. The engine's `EngineBuilder::bulkhead` shows a bulkhead in
+//! its `/metrics`.
+//!
 //! # Registry
 //!
 //! Bindings in other languages address bulkheads by service name:
@@ -101,6 +109,7 @@
 //! [`Bulkhead::limit_of`], [`Bulkhead::reset_named`].
 
 mod clock;
+mod metrics;
 mod reaper;
 mod registry;
 mod slots;
@@ -112,6 +121,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+pub use metrics::prometheus;
 use slots::{Claim, Core, Enqueued};
 use waiters::{Waiting, Wake};
 
@@ -448,6 +458,7 @@ impl Bulkhead {
 
     #[inline]
     fn refused(&self) -> Saturated {
+        self.core.counts.refused();
         if let Some(hooks) = &self.core.hooks {
             hooks.on_saturated();
         }

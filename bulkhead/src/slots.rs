@@ -142,6 +142,32 @@ struct Slot {
 #[repr(align(128))]
 struct Head(AtomicU64);
 
+/// What a bulkhead counts for its metrics (see `metrics.rs`), on a cache
+/// line of its own: a counted refusal writes it, which must not disturb the
+/// words every acquire reads. Plain std atomics, outside the loom model:
+/// nothing in the protocol reads them.
+#[repr(align(128))]
+#[derive(Default)]
+pub(crate) struct Counts {
+    /// Whether refusals are counted (set once, never cleared).
+    pub(crate) counting: std::sync::atomic::AtomicBool,
+    /// Acquires refused with `Saturated` while counting.
+    pub(crate) saturated: std::sync::atomic::AtomicU64,
+    /// Holders whose slot was taken back past their deadline.
+    pub(crate) reclaimed: std::sync::atomic::AtomicU64,
+}
+
+impl Counts {
+    /// A refusal: one load of the flag while not counting.
+    #[inline]
+    pub(crate) fn refused(&self) {
+        use std::sync::atomic::Ordering::Relaxed;
+        if self.counting.load(Relaxed) {
+            self.saturated.fetch_add(1, Relaxed);
+        }
+    }
+}
+
 /// A slot won by an acquire or handed to a waiter.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Claim {
@@ -166,6 +192,7 @@ pub(crate) struct Core {
     pub(crate) hooks: Option<Arc<dyn BulkheadHooks>>,
     pub(crate) wait: Option<Duration>,
     pub(crate) reclaim_after: Duration,
+    pub(crate) counts: Counts,
     queue: Mutex<Queue>,
     /// When the alarm goes off, in ticks (meaningful while `ARMED`).
     alarm_at: AtomicU64,
@@ -204,6 +231,7 @@ impl Core {
             hooks,
             wait,
             reclaim_after,
+            counts: Counts::default(),
             queue: Mutex::new(Queue::default()),
             alarm_at: AtomicU64::new(0),
             sweeping: Mutex::new(()),
@@ -524,6 +552,10 @@ impl Core {
             }
             self.sweep_locked(now)
         };
+        if reclaimed > 0 {
+            (self.counts.reclaimed)
+                .fetch_add(reclaimed as u64, std::sync::atomic::Ordering::Relaxed);
+        }
         if let Some(hooks) = &self.hooks {
             for _ in 0..reclaimed {
                 hooks.on_reclaimed();

@@ -707,6 +707,7 @@ fn expired_slots_are_reclaimed_and_late_releases_are_ignored() {
             BulkheadConfig::new(limit, Duration::from_millis(200)).with_hooks(hooks.clone()),
         )
         .unwrap();
+        b.count_saturated();
         let held: Vec<_> = (0..limit).map(|_| b.try_acquire().unwrap()).collect();
         // Not before the deadline: the limit holds.
         assert_eq!(b.try_acquire().unwrap_err(), Saturated);
@@ -726,6 +727,10 @@ fn expired_slots_are_reclaimed_and_late_releases_are_ignored() {
         drop(new);
         assert_eq!(b.in_flight(), 0);
         assert_eq!(hooks.reclaimed.load(SeqCst), limit);
+        // The bulkhead's own counters, for metrics, agree with the hooks.
+        assert_eq!(b.reclaimed(), limit as u64);
+        assert_eq!(b.saturated(), Some(hooks.saturated.load(SeqCst) as u64));
+        assert!(b.saturated() >= Some(1));
     }
 }
 

@@ -85,7 +85,7 @@ CREATE FUNCTION gendurable.pick(q text, demand integer, win_size integer, wfs te
     SET search_path TO 'gendurable'
     SET plan_cache_mode TO 'force_generic_plan'
     SET jit TO 'off'
-    AS -- sql/functions/pick.sql, source md5 4ff3d494814d2c9daf7d1192031732c6
+    AS -- sql/functions/pick.sql, source md5 2072822227c40e6556b683b22506dd01
 ;
 
 CREATE FUNCTION gendurable.rate_room(keys text[], lim integer, rate_names text[], rate_intervals double precision[], rate_tolerances double precision[]) RETURNS TABLE(key text, room integer)

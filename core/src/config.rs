@@ -4,7 +4,9 @@ use crate::cron::CronEntry;
 use crate::error::{Error, Result};
 use crate::validate;
 use crate::workflow::WorkflowDefaults;
+use gendurable_bulkhead::Bulkhead;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// A concurrency gate: every key whose name (the part before the first `:`) is
@@ -116,6 +118,8 @@ pub struct EngineConfig {
     pub(crate) inline: bool,
     /// Where a started node serves `GET /metrics`.
     pub(crate) metrics_listen: Option<std::net::SocketAddr>,
+    /// The application's bulkheads whose gauges the metrics show, by name.
+    pub(crate) bulkheads: BTreeMap<String, Arc<Bulkhead>>,
 }
 
 impl Default for EngineConfig {
@@ -140,6 +144,7 @@ impl Default for EngineConfig {
             step_timeouts: BTreeMap::new(),
             inline: false,
             metrics_listen: None,
+            bulkheads: BTreeMap::new(),
         }
     }
 }
@@ -219,6 +224,9 @@ impl EngineConfig {
                     rate.burst
                 )));
             }
+        }
+        for name in self.bulkheads.keys() {
+            validate::name("bulkhead", name).map_err(|e| Error::config(e.to_string()))?;
         }
         for (what, d) in [
             ("heartbeat_interval", self.heartbeat_interval),

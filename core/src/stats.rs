@@ -19,6 +19,7 @@ pub struct Stats {
     pub(crate) started_on_insert: AtomicU64,
     pub(crate) successors: AtomicU64,
     pub(crate) unparked: AtomicU64,
+    pub(crate) rate_limited: AtomicU64,
     pub(crate) not_admitted: AtomicU64,
     pub(crate) stopped: AtomicU64,
     pub(crate) steps_started: AtomicU64,
@@ -168,6 +169,10 @@ pub struct StatsSnapshot {
     /// Parked rows the maintenance sweep and the rate-limit wake-ups put
     /// back where a pick sees them (those unparked by outcomes not counted).
     pub unparked: u64,
+    /// Runnable rows this node's claims found under a rate limit that
+    /// allowed no start now, and parked until it allows one (as
+    /// `gendurable_rate_limited_total`).
+    pub rate_limited: u64,
     /// Successors started in a freed slot whose promotion did not happen
     /// (their predecessor's outcome was fenced): stopped, nothing recorded.
     pub not_admitted: u64,
@@ -202,6 +207,7 @@ impl Stats {
             started_on_insert: self.started_on_insert.load(Relaxed),
             successors: self.successors.load(Relaxed),
             unparked: self.unparked.load(Relaxed),
+            rate_limited: self.rate_limited.load(Relaxed),
             not_admitted: self.not_admitted.load(Relaxed),
             stopped: self.stopped.load(Relaxed),
             steps_started: self.steps_started.load(Relaxed),

@@ -36,6 +36,7 @@ DECLARE
     p_rate bigint[];
     -- Keys whose rows waited behind their own parked rows.
     p_behind text[];
+    n_rate integer;
 BEGIN
     -- (1) The window: the queue's next rows, locked. Parked rows are not in
     -- the index it walks.
@@ -289,6 +290,15 @@ BEGIN
         -- the whole table.
         UPDATE instances i SET parked = 'key' WHERE i.id = ANY (p_key);
         UPDATE instances i SET parked = 'rate' WHERE i.id = ANY (p_rate);
+        -- How many, for the node's metrics: added to a setting local to the
+        -- transaction, which the statement calling handoff reads at its end
+        -- (sql/queries/handoff.sql) after every pick of the call.
+        GET DIAGNOSTICS n_rate = ROW_COUNT;
+        IF n_rate > 0 THEN
+            PERFORM set_config('gendurable.rate_parked',
+                               (coalesce(nullif(current_setting('gendurable.rate_parked', true), '')::bigint, 0)
+                                + n_rate)::text, true);
+        END IF;
         -- A key whose rows waited behind its parked ones has them all parked
         -- now: its head comes back, in key order, into the room it has.
         IF p_behind IS NOT NULL THEN

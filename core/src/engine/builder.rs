@@ -248,6 +248,24 @@ impl EngineBuilder {
         self
     }
 
+    /// Show this bulkhead in the engine's metrics ([`Engine::metrics`]) as
+    /// `gendurable_bulkhead_in_flight{name="..."}`, `_limit`, `_waiting`,
+    /// `_saturated_total` and `_reclaimed_total`. The application keeps
+    /// using it as before; this turns on its count of refusals
+    /// ([`Bulkhead::count_saturated`](crate::bulkhead::Bulkhead::count_saturated)).
+    pub fn bulkhead(
+        mut self,
+        name: impl Into<String>,
+        bulkhead: Arc<crate::bulkhead::Bulkhead>,
+    ) -> Self {
+        let name = name.into();
+        bulkhead.count_saturated();
+        if self.cfg.bulkheads.insert(name.clone(), bulkhead).is_some() {
+            self.duplicate = Some(format!("bulkheads {name}"));
+        }
+        self
+    }
+
     /// For unit tests: every insert through this engine runs the queues it
     /// inserted into to the end, in the calling task, before it returns
     /// ([`Engine::drain`] after each insert). Instances that await stay

@@ -24,9 +24,11 @@ const MAX_REQUEST: usize = 8 * 1024;
 
 impl Engine {
     /// Every metric, as a Prometheus scrape reads them: this engine's own
-    /// (steps, claims, rescues, repairs, latencies; labelled with its node
-    /// id) and the cluster's from the database (instances waiting or running
-    /// per queue and status, gate slots in use per gate name).
+    /// (steps, claims, rate-limit denials, rescues, repairs, latencies;
+    /// labelled with its node id), the cluster's from the database
+    /// (instances waiting or running per queue and status, gate slots in use
+    /// per gate name) and the bulkheads given to
+    /// [`EngineBuilder::bulkhead`](crate::EngineBuilder::bulkhead) (per name).
     pub async fn metrics(&self) -> Result<String> {
         let (sql, pool) = (&self.ctx.store.sql, &self.ctx.store.pool);
         let instances = sqlx::query(&sql.active_counts).fetch_all(pool).await?;
@@ -72,6 +74,11 @@ impl Engine {
                 "unparked",
                 "Parked rows put back where a pick sees them.",
                 s.unparked,
+            ),
+            (
+                "rate_limited",
+                "Runnable rows this node's claims found under a rate limit that allowed no start now, and parked.",
+                s.rate_limited,
             ),
         ];
         for (name, help, v) in counters {
@@ -136,6 +143,12 @@ impl Engine {
             if let Some(g) = self.ctx.cfg.gates.get(&name) {
                 let _ = writeln!(out, "gendurable_gate_limit{{gate=\"{gate}\"}} {}", g.limit);
             }
+        }
+        let bulkheads = &self.ctx.cfg.bulkheads;
+        if !bulkheads.is_empty() {
+            out.push_str(&crate::bulkhead::prometheus(
+                bulkheads.iter().map(|(name, b)| (name.as_str(), &**b)),
+            ));
         }
         Ok(out)
     }

@@ -111,6 +111,7 @@ pub(super) async fn record_and_claim(
     }
     Stats::add(&ctx.stats.claimed, h.claimed.len() as u64);
     Stats::add(&ctx.stats.handed_over, h.handed_over as u64);
+    Stats::add(&ctx.stats.rate_limited, h.rate_parked);
     if !outcomes.is_empty() {
         Stats::add(&ctx.stats.outcome_batches, 1);
         Stats::add(&ctx.stats.outcomes, h.written as u64);

@@ -35,6 +35,9 @@ pub(crate) struct Handoff {
     pub released_keys: Vec<String>,
     /// The successors the outcomes name that run under this node now.
     pub promoted: Vec<i64>,
+    /// Runnable rows the call's picks found under a rate limit that allowed
+    /// no start now, and parked (0 from a pick of an earlier release).
+    pub rate_parked: u64,
     pub claimed: Vec<Claimed>,
 }
 
@@ -123,6 +126,7 @@ pub(crate) fn read_handoff(rows: &[PgRow]) -> sqlx::Result<(Handoff, Vec<Claimed
         handed_over: 0,
         released_keys: Vec::new(),
         promoted: Vec::new(),
+        rate_parked: 0,
         claimed: Vec::with_capacity(rows.len()),
     };
     let mut reserved = Vec::new();
@@ -134,6 +138,8 @@ pub(crate) fn read_handoff(rows: &[PgRow]) -> sqlx::Result<(Handoff, Vec<Claimed
                 h.handed_over = r.try_get::<i32, _>("handed_over")? as usize;
                 h.released_keys = r.try_get("released_keys")?;
                 h.promoted = r.try_get("promoted")?;
+                let parked: Option<i64> = r.try_get("rate_parked")?;
+                h.rate_parked = parked.map_or(0, |n| n.max(0) as u64);
             }
             Some(false) => h.claimed.push(claimed_from_row(r)?),
             Some(true) => reserved.push(claimed_from_row(r)?),
