@@ -146,8 +146,9 @@ enum Command {
         db: Db,
         queue: String,
     },
-    /// Send a signal: to every instance awaiting NAME, or with --id to one
-    /// (kept until it awaits NAME if it does not yet).
+    /// Send a signal: to every instance awaiting NAME; or with --id to one,
+    /// or with --where to every one the conditions name (each keeps it until
+    /// it awaits NAME if it does not yet).
     Signal {
         #[command(flatten)]
         db: Db,
@@ -158,6 +159,14 @@ enum Command {
         /// One instance.
         #[arg(long, allow_negative_numbers = true)]
         id: Option<i64>,
+        /// A condition, field=value (repeatable), as for cancel: the
+        /// instances to send it to.
+        #[arg(long = "where", value_name = "FIELD=VALUE", conflicts_with = "id")]
+        conditions: Vec<String>,
+        /// With --where: say how many instances the conditions name, and
+        /// send nothing.
+        #[arg(long, requires = "conditions")]
+        dry_run: bool,
         /// Without --id: keep it this many seconds for the first instance
         /// that awaits it, if it wakes nobody now.
         #[arg(long, value_parser = parse_seconds)]
@@ -435,9 +444,33 @@ async fn execute(command: Command) -> Result<()> {
             name,
             payload,
             id,
+            conditions,
+            dry_run,
             ttl,
         } => {
             let payload = serde_json::from_str(&payload).context("--payload is not JSON")?;
+            if !conditions.is_empty() {
+                if ttl.is_some() {
+                    return Err(
+                        Usage("--ttl is for a signal by name, not with --where".into()).into(),
+                    );
+                }
+                let filter = gendurable::Filter::parse(&conditions)?;
+                let engine = client(&db, Schema::MustExist).await?;
+                if dry_run {
+                    println!(
+                        "{} instances match; nothing sent (dry run)",
+                        engine.count(&filter).await?
+                    );
+                } else {
+                    let acted = engine.send_where(&filter, &name, payload).await?;
+                    println!(
+                        "{} of {} matching instances woken or keeping it",
+                        acted.changed, acted.matched
+                    );
+                }
+                return Ok(());
+            }
             let engine = client(&db, Schema::MustExist).await?;
             match (id, ttl) {
                 (Some(_), Some(_)) => {

@@ -439,6 +439,20 @@ async fn operators_act_on_instances_from_the_command_line() {
         "kept"
     );
     assert_eq!(run(&["signal", "approved"]), "woke 0");
+    assert_eq!(
+        run(&[
+            "signal",
+            "approved",
+            "--where",
+            "workflow=Report",
+            "--dry-run"
+        ]),
+        "1 instances match; nothing sent (dry run)"
+    );
+    assert_eq!(
+        run(&["signal", "approved", "--where", "workflow=Report"]),
+        "1 of 1 matching instances woken or keeping it"
+    );
     assert_eq!(run(&["signal", "approved", "--ttl", "60"]), "woke 0; kept");
     // The status as JSON: one available Charge left, and the Report.
     let v: serde_json::Value =

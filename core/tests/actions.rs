@@ -183,3 +183,79 @@ async fn executing_instances_are_cancelled_not_deleted() {
     assert!(engine.get(id).await.is_err());
     engine.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_signal_sent_where_a_filter_says_wakes_or_is_kept() {
+    let url = support::url();
+    let schema = support::schema("send_where");
+    let engine = support::builder(&url, &schema)
+        .queue("default", 4)
+        .workflow_fn("Refund", |step, state, ctx| async move {
+            Ok(match step.as_str() {
+                "start" => {
+                    Transition::await_on("approved", state, gendurable::AwaitOn::signal("approve"))
+                }
+                _ => Transition::done(json!({ "by": match ctx.wake {
+                    Some(gendurable::Wake::Signal { payload, .. }) => payload,
+                    _ => json!(null),
+                } })),
+            })
+        })
+        .start()
+        .await
+        .unwrap();
+    let awaiting = engine
+        .insert_many(
+            (0..3)
+                .map(|_| NewInstance::new("Refund", json!({})))
+                .collect(),
+        )
+        .await
+        .unwrap();
+    for id in &awaiting {
+        support::wait_status(&engine, *id, Status::Awaiting).await;
+    }
+    // Not awaiting yet: it keeps the signal until it does.
+    let later = engine
+        .insert(NewInstance::new("Refund", json!({})).schedule_in(Duration::from_secs(3600)))
+        .await
+        .unwrap();
+    let filter = Filter::parse(["workflow=Refund"]).unwrap();
+    let acted = engine
+        .send_where(&filter, "approve", json!("ops"))
+        .await
+        .unwrap();
+    assert_eq!(
+        acted,
+        Acted {
+            matched: 4,
+            changed: 4
+        }
+    );
+    for id in &awaiting {
+        let done = support::wait_final(&engine, *id).await;
+        assert_eq!(done.state, json!({ "by": "ops" }));
+    }
+    engine.retry(later).await.unwrap();
+    assert_eq!(
+        support::wait_final(&engine, later).await.state,
+        json!({ "by": "ops" })
+    );
+    // Finished now: matched, nothing kept.
+    let again = engine
+        .send_where(&filter, "approve", json!("late"))
+        .await
+        .unwrap();
+    assert_eq!(
+        again,
+        Acted {
+            matched: 4,
+            changed: 0
+        }
+    );
+    assert!(engine
+        .send_where(&Filter::default(), "approve", json!(null))
+        .await
+        .is_err());
+    engine.shutdown().await.unwrap();
+}

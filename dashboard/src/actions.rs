@@ -108,6 +108,10 @@ pub struct BulkForm {
     key: String,
     #[serde(default)]
     error: String,
+    /// For `signal`: its name and JSON payload.
+    #[serde(default)]
+    signal: String,
+    payload: Option<String>,
     /// Present once the count was shown and confirmed.
     confirm: Option<String>,
 }
@@ -129,10 +133,19 @@ pub async fn bulk(State(app): AppState, Form(f): Form<BulkForm>) -> Response {
         Ok(filter) => filter,
         Err(e) => return back(&list, &e.to_string()),
     };
+    let payload_text = f.payload.as_deref().unwrap_or("null");
+    let payload: serde_json::Value = match serde_json::from_str(payload_text) {
+        Ok(p) => p,
+        Err(err) => return back(&list, &format!("the payload is not JSON: {err}")),
+    };
+    let signal = f.signal.trim();
+    let send = format!("send signal {signal:?} to");
     let (verb, done) = match f.action.as_str() {
         "cancel" => ("cancel", "cancelled"),
         "retry" => ("retry now", "made runnable"),
         "delete" => ("delete", "deleted"),
+        "signal" if signal.is_empty() => return back(&list, "name the signal to send"),
+        "signal" => (send.as_str(), "woken or keeping it"),
         other => {
             return (
                 StatusCode::BAD_REQUEST,
@@ -143,6 +156,7 @@ pub async fn bulk(State(app): AppState, Form(f): Form<BulkForm>) -> Response {
     };
     let e = &app.engine;
     if f.confirm.as_deref() != Some("yes") {
+        let verb = esc(verb);
         let n = match e.count(&filter).await {
             Ok(n) => n,
             Err(err @ gendurable::Error::InvalidInput { .. }) => {
@@ -154,12 +168,15 @@ pub async fn bulk(State(app): AppState, Form(f): Form<BulkForm>) -> Response {
             "<h1>Confirm</h1><p id=\"confirm-count\">{verb} <b>{}</b> instances: every one this filter names \
              (<code>{}</code>)?</p><form method=\"post\" action=\"/actions/bulk\">{}{}\
              <input type=\"hidden\" name=\"action\" value=\"{}\"><input type=\"hidden\" name=\"confirm\" value=\"yes\">\
+             <input type=\"hidden\" name=\"signal\" value=\"{}\"><input type=\"hidden\" name=\"payload\" value=\"{}\">\
              <button id=\"confirm\" class=\"danger\">Yes, {verb} {}</button> <a href=\"{}\">back</a></form>",
             num(n as i64),
             esc(&p.query()),
             token_field(&app.token),
             p.hidden(),
             esc(&f.action),
+            esc(signal),
+            esc(payload_text),
             num(n as i64),
             esc(&list),
         );
@@ -170,6 +187,7 @@ pub async fn bulk(State(app): AppState, Form(f): Form<BulkForm>) -> Response {
     let acted = match f.action.as_str() {
         "cancel" => e.cancel_where(&filter, reason).await,
         "retry" => e.retry_where(&filter, reason).await,
+        "signal" => e.send_where(&filter, signal, payload).await,
         _ => e.delete_where(&filter).await,
     };
     match acted {

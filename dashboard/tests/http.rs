@@ -256,6 +256,42 @@ async fn allowed_actions_need_the_form_token_and_do_what_they_say() {
         assert_eq!(engine.get(*id).await.unwrap().status, Status::Cancelled);
     }
 
+    // A signal to every instance a filter names; what the form echoes back
+    // is escaped.
+    let signal = |name: &'static str, confirm: &'static str| {
+        let (base, token) = (base.clone(), token.clone());
+        async move {
+            post(
+                &format!("{base}/actions/bulk"),
+                &[
+                    ("token", &token),
+                    ("action", "signal"),
+                    ("workflow", "Approval"),
+                    ("status", "awaiting"),
+                    ("signal", name),
+                    ("payload", "{\"by\": \"ops\"}"),
+                    ("confirm", confirm),
+                ],
+            )
+            .await
+        }
+    };
+    let review = signal("<b>approved</b>", "").await;
+    assert!(
+        review.body.contains("&lt;b&gt;approved&lt;/b&gt;"),
+        "{}",
+        review.body
+    );
+    assert!(!review.body.contains("<b>approved</b>"));
+    let r = signal("approved", "yes").await;
+    assert!(
+        r.header("location")
+            .unwrap()
+            .contains("1%20of%201%20matching%20instances%20woken"),
+        "{r:?}"
+    );
+    wait_status(&engine, seeded.approvals[1], Status::Completed).await;
+
     // Pause and resume a queue.
     let r = post(
         &format!("{base}/actions/queue"),

@@ -199,6 +199,51 @@ impl Engine {
         self.one(Action::Delete, id, "").await
     }
 
+    /// Send signal `name` with `payload` to every instance `filter` names,
+    /// as [`Engine::send`] does to one: an instance awaiting it is woken, one
+    /// not awaiting it yet keeps it until it does. `changed` counts those
+    /// (not the finished ones, to which nothing is kept).
+    pub async fn send_where(
+        &self,
+        filter: &Filter,
+        name: &str,
+        payload: serde_json::Value,
+    ) -> Result<Acted> {
+        filter.check()?;
+        validate::name("signal", name)?;
+        validate::payload("payload", &payload)?;
+        let mut acted = Acted::default();
+        let mut after = None;
+        loop {
+            let ids = filter
+                .bind(
+                    sqlx::query(&self.ctx.store.sql.matching_ids),
+                    after,
+                    Some(BATCH),
+                )
+                .fetch_all(&self.ctx.store.pool)
+                .await?
+                .iter()
+                .map(|r| r.try_get::<i64, _>(0))
+                .collect::<std::result::Result<Vec<_>, _>>()?;
+            for &id in &ids {
+                match self.send(id, name, payload.clone()).await {
+                    Ok(d) => {
+                        acted.matched += 1;
+                        acted.changed += u64::from(!matches!(d, super::Delivery::Finished(_)));
+                    }
+                    // Deleted since it was matched.
+                    Err(Error::NotFound(_)) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            match ids.last() {
+                Some(&last) if ids.len() == BATCH as usize => after = Some(last),
+                _ => return Ok(acted),
+            }
+        }
+    }
+
     /// Pause `queue` cluster-wide: no node claims from it (nor starts an
     /// inserted row of it at once) until it is resumed; steps running or
     /// already claimed finish and record their outcomes. Persisted. Returns

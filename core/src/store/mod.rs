@@ -76,7 +76,7 @@ queries! {
     // The client.
     get, signal, signal_instance, cancel,
     // Operators' actions.
-    retry, delete, count, pause, resume, paused,
+    retry, delete, count, matching_ids, pause, resume, paused,
     // Metrics.
     active_counts, metrics_gates,
     // Testing.

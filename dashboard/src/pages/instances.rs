@@ -161,7 +161,9 @@ fn bulk_form(token: &str, p: &Params) -> String {
         "<form class=\"filter\" id=\"bulk\" method=\"post\" action=\"/actions/bulk\">{}{}\
          <label>to every instance this filter names<select name=\"action\">\
          <option value=\"cancel\">cancel</option><option value=\"retry\">retry now</option>\
-         <option value=\"delete\">delete</option></select></label>\
+         <option value=\"delete\">delete</option><option value=\"signal\">send a signal</option>\
+         </select></label><label>signal (to send one)<input name=\"signal\" placeholder=\"approved\"></label>\
+         <label>payload (JSON)<input name=\"payload\" value=\"null\"></label>\
          <button type=\"submit\">Review…</button></form>",
         token_field(token),
         p.hidden()

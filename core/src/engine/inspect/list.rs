@@ -19,7 +19,7 @@ const MAX_WINDOW: i64 = 1_000_000;
 /// The most a page may be in the making before it returns what it found.
 const PAGE_TIME: Duration = Duration::from_millis(300);
 /// The most rows a page holds.
-pub const MAX_PAGE: usize = 500;
+const MAX_PAGE: usize = 500;
 
 /// A page request: which instances, and from where.
 #[derive(Debug, Clone, Default)]
@@ -29,7 +29,7 @@ pub struct ListQuery {
     /// Instances with ids below this (the previous page's `next`); none:
     /// from the newest.
     pub before: Option<i64>,
-    /// Rows per page (1 to [`MAX_PAGE`]; 0 means 50).
+    /// Rows per page (1 to 500; 0 means 50).
     pub limit: usize,
 }
 
