@@ -21,7 +21,9 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 /// How long the browser may take to show something that is there.
 const SHOWS: Duration = Duration::from_secs(20);
 
-/// chromedriver on a free port, stopped when dropped.
+/// chromedriver on a free port, in a process group of its own; dropped,
+/// the group is killed: the browsers it started too, even when the test
+/// failed before closing its session.
 struct Driver {
     child: tokio::process::Child,
     url: String,
@@ -29,7 +31,10 @@ struct Driver {
 
 impl Drop for Driver {
     fn drop(&mut self) {
-        let _ = self.child.start_kill();
+        if let Some(pid) = self.child.id() {
+            // SAFETY: kill(2) on the group this process leads; no memory involved.
+            unsafe { libc::kill(-(pid as i32), libc::SIGKILL) };
+        }
     }
 }
 
@@ -46,6 +51,7 @@ async fn driver() -> Option<Driver> {
         .arg(format!("--port={port}"))
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
+        .process_group(0)
         .kill_on_drop(true)
         .spawn();
     let mut child = match child {
