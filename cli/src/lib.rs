@@ -7,6 +7,7 @@
 //! for every verb but `worker` (which runs Python workflows, so Python runs it).
 
 mod bench;
+mod cluster;
 pub mod connect;
 mod demo;
 mod echo;

@@ -4,8 +4,8 @@
 //! with no key at the same priority. The unrelated jobs' rate is the result
 //! (to compare with W1's); the nodes then go on for `hold` seconds, and what
 //! the blocked kinds started per second over the whole run shows them at
-//! their limits. With `nodes` > 1 the first process starts the others (this
-//! binary again, `--w5-node`) and drives them over stdin and stdout.
+//! their limits. With `nodes` > 1 the first process starts the others and drives
+//! them (see `cluster`).
 //!
 //! The blocked kinds' admitted steps hold up to 11 slots of a node for a
 //! second each (the gate's 10, the key's 1). `benchmarks/w5.sh` and the
@@ -14,15 +14,15 @@
 //! backlog costs them, not the work the blocked kinds are admitted to do
 //! (docs/performance.md).
 
+use crate::cluster::{self, p99s, Extra};
 use crate::workload::{bar, now_ns, result, schema, write_records, Node, Records};
-use anyhow::{bail, Context, Result};
-use gendurable::{Engine, GateConfig, Latencies, NewInstance, RateConfig, Transition};
+use anyhow::Result;
+use gendurable::{Engine, GateConfig, NewInstance, RateConfig, Transition};
 use serde_json::json;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
 pub(crate) struct Shape {
     pub jobs: usize,
@@ -107,112 +107,12 @@ async fn insert(engine: &Engine, shape: &Shape) -> Result<()> {
     Ok(())
 }
 
-/// One of the other node processes, seen from the first.
-struct Extra {
-    child: tokio::process::Child,
-    stdin: tokio::process::ChildStdin,
-    lines: tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
-    record: Option<PathBuf>,
-}
-
-impl Extra {
-    async fn spawn(url: &str, schema: &str, node: &Node, record: Option<PathBuf>) -> Result<Extra> {
-        let mut cmd = tokio::process::Command::new(std::env::current_exe()?);
-        cmd.args(["workload", "w5", "--w5-node", schema])
-            .args(["--concurrency", &node.concurrency.to_string()])
-            .env("DATABASE_URL", url)
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .kill_on_drop(true);
-        if let Some(r) = &record {
-            cmd.arg("--record").arg(r);
-        }
-        let mut child = cmd.spawn().context("starting a node process")?;
-        let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
-            bail!("a node process without pipes");
-        };
-        let mut extra = Extra {
-            child,
-            stdin,
-            lines: BufReader::new(stdout).lines(),
-            record,
-        };
-        extra.expect("ready").await?;
-        Ok(extra)
-    }
-
-    async fn send(&mut self, line: &str) -> Result<()> {
-        self.stdin.write_all(format!("{line}\n").as_bytes()).await?;
-        Ok(self.stdin.flush().await?)
-    }
-
-    /// The next line, which must start with `word`; its other fields.
-    async fn expect(&mut self, word: &str) -> Result<Vec<f64>> {
-        let line = self
-            .lines
-            .next_line()
-            .await?
-            .with_context(|| format!("a node process ended before saying {word:?}"))?;
-        let mut fields = line.split_whitespace();
-        if fields.next() != Some(word) {
-            bail!("a node process said {line:?}, expected {word:?}");
-        }
-        Ok(fields.filter_map(|f| f.parse().ok()).collect())
-    }
-}
-
-/// What the first process asks of the others: `go` (start), `count` (say
-/// your counts), `mark` (the unrelated jobs are done), `end` (stop, write
-/// your records, say your p99s).
-pub(crate) async fn extra_node(
-    url: &str,
-    schema: &str,
-    concurrency: u32,
-    record: &Option<PathBuf>,
-) -> Result<()> {
-    let node = Node {
-        url: url.to_owned(),
-        concurrency,
-        prefetch: None,
-    };
+/// One of the other node processes: the same engine, driven by the first
+/// (see `cluster`).
+pub(crate) async fn extra_node(node: &Node, schema: &str, record: &Option<PathBuf>) -> Result<()> {
     let (counts, rec) = (Arc::new(Counts::default()), Records::default());
-    let engine = engine(&node, schema, &counts, &rec).await?;
-    say("ready".into()).await?;
-    let mut lines = BufReader::new(tokio::io::stdin()).lines();
-    let mut mark = None;
-    while let Some(line) = lines.next_line().await? {
-        match line.trim() {
-            "go" => engine.start().await?,
-            "count" => {
-                let c = counts.get();
-                say(format!("count {} {} {} {}", c[0], c[1], c[2], c[3])).await?;
-            }
-            "mark" => mark = Some(engine.stats().pick_latencies()),
-            "end" => break,
-            other => bail!("unknown request {other:?}"),
-        }
-    }
-    let (before, after) = p99s(&engine.stats().pick_latencies(), mark.as_ref());
-    engine.shutdown().await?;
-    write_records(record, &rec)?;
-    say(format!("p99 {before} {after}")).await?;
-    Ok(())
-}
-
-/// One line to the first process.
-async fn say(line: String) -> std::io::Result<()> {
-    let mut out = tokio::io::stdout();
-    out.write_all(format!("{line}\n").as_bytes()).await?;
-    out.flush().await
-}
-
-/// The p99 of claiming calls until `mark` and after it, in milliseconds.
-fn p99s(now: &Latencies, mark: Option<&Latencies>) -> (f64, f64) {
-    let ms = |l: &Latencies| l.quantile(0.99).as_secs_f64() * 1e3;
-    match mark {
-        Some(m) => (ms(m), ms(&now.since(m))),
-        None => (ms(now), 0.0),
-    }
+    let engine = engine(node, schema, &counts, &rec).await?;
+    cluster::serve(engine, || counts.get().to_vec(), &rec, record).await
 }
 
 pub(crate) async fn run(
@@ -226,8 +126,7 @@ pub(crate) async fn run(
     insert(&engine, shape).await?;
     let mut extras = Vec::new();
     for i in 1..shape.nodes {
-        let rec = record.as_ref().map(|r| sibling(r, i));
-        extras.push(Extra::spawn(&node.url, &schema, node, rec).await?);
+        extras.push(Extra::spawn("w5", &schema, node, record.as_deref(), i).await?);
     }
     let total = |extra: &[[u64; 4]]| {
         extra
@@ -243,9 +142,8 @@ pub(crate) async fn run(
     let mut seen = vec![[0u64; 4]; extras.len()];
     loop {
         for (e, s) in extras.iter_mut().zip(seen.iter_mut()) {
-            e.send("count").await?;
-            let c = e.expect("count").await?;
-            *s = std::array::from_fn(|k| c.get(k).copied().unwrap_or(0.0) as u64);
+            let c = e.count().await?;
+            *s = std::array::from_fn(|k| c.get(k).copied().unwrap_or(0));
         }
         let free = total(&seen)[0];
         progress.set_position(free);
@@ -263,24 +161,18 @@ pub(crate) async fn run(
     eprintln!("w5: unrelated jobs done; holding {:?}", shape.hold);
     tokio::time::sleep(shape.hold).await;
     for (e, s) in extras.iter_mut().zip(seen.iter_mut()) {
-        e.send("count").await?;
-        let c = e.expect("count").await?;
-        *s = std::array::from_fn(|k| c.get(k).copied().unwrap_or(0.0) as u64);
+        let c = e.count().await?;
+        *s = std::array::from_fn(|k| c.get(k).copied().unwrap_or(0));
     }
     let ran = total(&seen);
     let span = t.elapsed().as_secs_f64();
     let (mut p99, mut p99_hold) = p99s(&engine.stats().pick_latencies(), Some(&mark));
     engine.shutdown().await?;
     write_records(record, &rec)?;
-    for mut e in extras {
-        e.send("end").await?;
-        let p = e.expect("p99").await?;
-        p99 = p99.max(p.first().copied().unwrap_or(0.0));
-        p99_hold = p99_hold.max(p.get(1).copied().unwrap_or(0.0));
-        e.child.wait().await?;
-        if let (Some(all), Some(mine)) = (record, &e.record) {
-            append(all, mine)?;
-        }
+    for e in extras {
+        let ended = e.end(record.as_deref()).await?;
+        p99 = p99.max(ended.p99.0);
+        p99_hold = p99_hold.max(ended.p99.1);
     }
     let per_s = |k: usize| ran[k] as f64 / span;
     eprintln!(
@@ -306,19 +198,4 @@ pub(crate) async fn run(
             "rate_per_s": per_s(3),
         }),
     ))
-}
-
-/// The record file of extra node `i`, beside the main one.
-fn sibling(record: &Path, i: u32) -> PathBuf {
-    let mut name = record.as_os_str().to_owned();
-    name.push(format!(".node{i}"));
-    PathBuf::from(name)
-}
-
-fn append(all: &Path, part: &Path) -> Result<()> {
-    let text = std::fs::read(part).with_context(|| format!("reading {}", part.display()))?;
-    let mut f = std::fs::OpenOptions::new().append(true).open(all)?;
-    std::io::Write::write_all(&mut f, &text)?;
-    std::fs::remove_file(part)?;
-    Ok(())
 }

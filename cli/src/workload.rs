@@ -3,6 +3,7 @@
 //! line on stdout; W2 and W3 also write `key,start_ns,end_ns` per job to
 //! `--record` for the harness to check overlap.
 
+use crate::cluster;
 use anyhow::{bail, Context, Result};
 use gendurable::{Engine, GateConfig, NewInstance, Transition};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -41,13 +42,14 @@ pub struct Args {
     /// unrelated jobs are done, to measure them at their limits.
     #[arg(long, default_value_t = 20.0)]
     hold: f64,
-    /// w5: node processes (this one and `nodes - 1` more).
+    /// w1, w2, w3, w5: node processes (this one and `nodes - 1` more), each
+    /// with `concurrency` steps at once.
     #[arg(long, default_value_t = 1)]
     nodes: u32,
-    /// w5: run as one of the extra node processes, on this schema (driven
-    /// by the first process over stdin and stdout).
+    /// Run as one of the other node processes, on this schema (driven by
+    /// the first over stdin and stdout: see cluster.rs).
     #[arg(long, hide = true)]
-    w5_node: Option<String>,
+    node_of: Option<String>,
 }
 
 /// Start and end of each job, in wall-clock nanoseconds.
@@ -55,28 +57,39 @@ pub(crate) type Records = Arc<Mutex<Vec<(String, u128, u128)>>>;
 
 pub async fn run(args: Args) -> Result<()> {
     let (url, _pg) = crate::database(true).await?;
-    if let Some(schema) = &args.w5_node {
-        return crate::w5::extra_node(&url, schema, args.concurrency, &args.record).await;
-    }
     let node = Node {
         url,
         concurrency: args.concurrency,
         prefetch: args.prefetch,
     };
+    if let Some(schema) = &args.node_of {
+        return match args.workload.as_str() {
+            "w5" => crate::w5::extra_node(&node, schema, &args.record).await,
+            w => {
+                let rec = Records::default();
+                let (gate, pause) = shape(w)?;
+                let engine = engine(&node, schema, gate, pause, &rec).await?;
+                let counted = engine.clone();
+                let counts = move || vec![counted.stats().snapshot().outcomes];
+                cluster::serve(engine, counts, &rec, &args.record).await
+            }
+        };
+    }
+    let nodes = args.nodes.max(1);
+    if nodes > 1 && !matches!(args.workload.as_str(), "w1" | "w2" | "w3" | "w5") {
+        bail!("--nodes is for w1, w2, w3 and w5, not {}", args.workload);
+    }
     let out = match args.workload.as_str() {
-        "w1" => w1(&node, args.jobs.unwrap_or(20_000)).await?,
+        "w1" => w1(&node, args.jobs.unwrap_or(20_000), nodes).await?,
         "w2" => {
             let n = args.jobs.unwrap_or(10_000);
             let make = |i| NewInstance::new("Job", json!({})).concurrency_key(("acct", i % 100));
-            let pause = Duration::from_millis(5);
-            timed_run(&node, "w2", n, None, pause, &args.record, make).await?
+            timed_run(&node, "w2", n, nodes, &args.record, make).await?
         }
         "w3" => {
             let n = args.jobs.unwrap_or(2_000);
-            let gate = Some(("api", GateConfig::new(10)));
             let make = |_| NewInstance::new("Job", json!({})).concurrency_key("api:1");
-            let pause = Duration::from_millis(20);
-            timed_run(&node, "w3", n, gate, pause, &args.record, make).await?
+            timed_run(&node, "w3", n, nodes, &args.record, make).await?
         }
         "w4" => w4(&node, args.jobs.unwrap_or(500)).await?,
         "w5" => {
@@ -138,10 +151,6 @@ pub(crate) struct Node {
 }
 
 impl Node {
-    fn builder(&self) -> gendurable::EngineBuilder {
-        self.builder_in(&schema())
-    }
-
     pub fn builder_in(&self, schema: &str) -> gendurable::EngineBuilder {
         let b = Engine::builder()
             .url(&self.url)
@@ -154,26 +163,43 @@ impl Node {
     }
 }
 
-/// An engine whose one workflow sleeps `pause` and records its start and end.
+/// W1, W2, W3's node: the gate it configures and how long a step sleeps.
+fn shape(workload: &str) -> Result<(Option<(&'static str, GateConfig)>, Duration)> {
+    Ok(match workload {
+        "w1" => (None, Duration::ZERO),
+        "w2" => (None, Duration::from_millis(5)),
+        "w3" => (
+            Some(("api", GateConfig::new(10))),
+            Duration::from_millis(20),
+        ),
+        other => bail!("workload {other:?} does not run on several nodes (w1, w2, w3, w5 do)"),
+    })
+}
+
+/// An engine on `schema` whose one workflow sleeps `pause` and records its
+/// start and end.
 async fn engine(
     node: &Node,
+    schema: &str,
     gate: Option<(&str, GateConfig)>,
     pause: Duration,
     rec: &Records,
 ) -> Result<Engine> {
     let rec = rec.clone();
-    let mut b = node.builder().workflow_fn("Job", move |_step, state, ctx| {
-        let rec = rec.clone();
-        async move {
-            let start = now_ns();
-            if !pause.is_zero() {
-                sleep_exactly(pause).await;
+    let mut b = node
+        .builder_in(schema)
+        .workflow_fn("Job", move |_step, state, ctx| {
+            let rec = rec.clone();
+            async move {
+                let start = now_ns();
+                if !pause.is_zero() {
+                    sleep_exactly(pause).await;
+                }
+                let key = ctx.concurrency_key.unwrap_or_default();
+                rec.lock().unwrap().push((key, start, now_ns()));
+                Ok(Transition::done(state))
             }
-            let key = ctx.concurrency_key.unwrap_or_default();
-            rec.lock().unwrap().push((key, start, now_ns()));
-            Ok(Transition::done(state))
-        }
-    });
+        });
     if let Some((name, g)) = gate {
         b = b.concurrency_limit(name, g);
     }
@@ -214,18 +240,6 @@ pub(crate) fn amortised(s: &gendurable::StatsSnapshot) -> String {
     )
 }
 
-/// `drain`, reporting the counters on stderr.
-async fn drain_reported(engine: &Engine, what: &str, n: usize) -> Result<f64> {
-    let (elapsed, s) = drain(engine, what, n).await?;
-    eprintln!(
-        "{what}: {}, {} pick conflicts, {} fenced",
-        amortised(&s),
-        s.pick_conflicts,
-        s.fenced
-    );
-    Ok(elapsed.as_secs_f64())
-}
-
 pub(crate) fn result(
     workload: &str,
     n: usize,
@@ -245,21 +259,17 @@ pub(crate) fn result(
     v
 }
 
-async fn w1(node: &Node, n: usize) -> Result<serde_json::Value> {
-    let engine = engine(node, None, Duration::ZERO, &Records::default()).await?;
+async fn w1(node: &Node, n: usize, nodes: u32) -> Result<serde_json::Value> {
+    let (schema, rec) = (schema(), Records::default());
+    let engine = engine(node, &schema, None, Duration::ZERO, &rec).await?;
     let t = Instant::now();
     engine
         .insert_many((0..n).map(|_| NewInstance::new("Job", json!({}))).collect())
         .await?;
     let insert = t.elapsed().as_secs_f64();
-    let secs = drain_reported(&engine, "w1", n).await?;
-    let p99 = engine.stats().pick_latency(0.99).as_secs_f64() * 1e3;
-    Ok(result(
-        "w1",
-        n,
-        secs,
-        json!({ "insert_per_s": n as f64 / insert, "pick_p99_ms": p99 }),
-    ))
+    let mut out = on_nodes(node, &engine, "w1", &schema, n, nodes, &None, &rec).await?;
+    out["insert_per_s"] = json!(n as f64 / insert);
+    Ok(out)
 }
 
 /// Insert `n` jobs, run them, and write each job's start and end to `record`.
@@ -267,17 +277,78 @@ async fn timed_run(
     node: &Node,
     what: &str,
     n: usize,
-    gate: Option<(&str, GateConfig)>,
-    pause: Duration,
+    nodes: u32,
     record: &Option<std::path::PathBuf>,
     make: impl Fn(usize) -> NewInstance,
 ) -> Result<serde_json::Value> {
-    let rec = Records::default();
-    let engine = engine(node, gate, pause, &rec).await?;
+    let (schema, rec) = (schema(), Records::default());
+    let (gate, pause) = shape(what)?;
+    let engine = engine(node, &schema, gate, pause, &rec).await?;
     engine.insert_many((0..n).map(make).collect()).await?;
-    let secs = drain_reported(&engine, what, n).await?;
-    write_records(record, &rec)?;
-    Ok(result(what, n, secs, json!({})))
+    on_nodes(node, &engine, what, &schema, n, nodes, record, &rec).await
+}
+
+/// Run the `n` inserted jobs on `engine` and `nodes - 1` more node
+/// processes, from the first `go` until all are done; each node's share of
+/// the outcomes, and the claim p99 over all.
+#[allow(clippy::too_many_arguments)]
+async fn on_nodes(
+    node: &Node,
+    engine: &Engine,
+    what: &str,
+    schema: &str,
+    n: usize,
+    nodes: u32,
+    record: &Option<std::path::PathBuf>,
+    rec: &Records,
+) -> Result<serde_json::Value> {
+    let mut extras = Vec::new();
+    for i in 1..nodes {
+        extras.push(cluster::Extra::spawn(what, schema, node, record.as_deref(), i).await?);
+    }
+    let progress = bar(what, n)?;
+    let t = Instant::now();
+    for e in &mut extras {
+        e.send("go").await?;
+    }
+    engine.start().await?;
+    loop {
+        let mut done = engine.stats().snapshot().outcomes;
+        for e in &mut extras {
+            done += e.count().await?.first().copied().unwrap_or(0);
+        }
+        progress.set_position(done);
+        if done >= n as u64 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let secs = t.elapsed().as_secs_f64();
+    progress.finish_and_clear();
+    engine.shutdown().await?;
+    let s = engine.stats().snapshot();
+    eprintln!(
+        "{what}: {}, {} pick conflicts, {} fenced",
+        amortised(&s),
+        s.pick_conflicts,
+        s.fenced
+    );
+    write_records(record, rec)?;
+    let mut p99 = engine.stats().pick_latency(0.99).as_secs_f64() * 1e3;
+    let mut outcomes = vec![s.outcomes];
+    for e in extras {
+        let ended = e.end(record.as_deref()).await?;
+        p99 = p99.max(ended.p99.0);
+        outcomes.push(ended.outcomes);
+    }
+    let total = outcomes.iter().sum::<u64>().max(1) as f64;
+    let shares: Vec<f64> = outcomes.iter().map(|&o| o as f64 / total).collect();
+    Ok(result(
+        what,
+        n,
+        secs,
+        json!({ "nodes": nodes, "shares": shares, "pick_p99_ms": p99 }),
+    ))
 }
 
 pub(crate) fn write_records(path: &Option<std::path::PathBuf>, rec: &Records) -> Result<()> {
@@ -297,7 +368,7 @@ async fn w4(node: &Node, n: usize) -> Result<serde_json::Value> {
     let starts: Arc<Mutex<HashMap<u64, u128>>> = Arc::default();
     let s2 = starts.clone();
     let engine = node
-        .builder()
+        .builder_in(&schema())
         .workflow_fn("Job", move |_step, state, _ctx| {
             let at = now_ns();
             let i = state["i"].as_u64().unwrap_or(0);

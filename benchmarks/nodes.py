@@ -1,0 +1,206 @@
+"""W1-W3 on 1, 2 and 4 node processes against one PostgreSQL: the aggregate
+rate, the share of the work each node took, W2's and W3's fraction of ideal,
+and the claim p99; medians of interleaved rounds.
+
+    benchmarks/nodes                          # 3 rounds of W1-W3 on 1, 2, 4 nodes
+    benchmarks/nodes --rounds 1 --scale 0.2   # quick
+    benchmarks/nodes --nodes 1,2,4,8 --workloads w1
+
+Each run is `gendurable workload <w> --nodes N` (cli/src/cluster.rs: the
+first process is a node and starts N - 1 more, each with `--concurrency`
+steps at once) in a fresh database; the jobs are inserted before any node
+starts and the clock runs from the first node's start until all are done.
+W2's records are checked for overlapping runs of one key, W3's for more than
+10 at once. Writes nodes.json, nodes.md and nodes.png to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import (  # noqa: E402
+    Postgres,
+    Work,
+    concurrency_profile,
+    log,
+    overlapping_pairs,
+    read_records,
+    sh,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+JOBS = {"w1": 20_000, "w2": 10_000, "w3": 2_000}
+# W2: 100 keys, 5 ms steps: at most min(100, slots) run at once. W3: a gate of 10, 20 ms.
+PAUSE_S = {"w2": 0.005, "w3": 0.020}
+
+
+def ideal(workload: str, nodes: int, concurrency: int) -> float | None:
+    if workload == "w2":
+        return min(100, nodes * concurrency) / PAUSE_S["w2"]
+    if workload == "w3":
+        return 10 / PAUSE_S["w3"]
+    return None
+
+
+def run(cli: Path, pg: Postgres, workload: str, nodes: int, jobs: int, concurrency: int, i: int) -> dict:
+    db = f"nodes_{i}"
+    pg.sql(f"CREATE DATABASE {db}")
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            record = Path(tmp) / "records.csv"
+            cmd = [
+                cli,
+                "workload",
+                workload,
+                "--nodes",
+                str(nodes),
+                "--jobs",
+                str(jobs),
+                "--concurrency",
+                str(concurrency),
+            ]
+            if workload != "w1":
+                cmd += ["--record", str(record)]
+            env = {**os.environ, "DATABASE_URL": pg.db_url(db)}
+            out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+            if out.returncode != 0:
+                raise RuntimeError(f"{workload} on {nodes} nodes failed: {out.stderr.strip()[-500:]}")
+            line = [ln for ln in out.stdout.splitlines() if ln.startswith("{")][-1]
+            r = json.loads(line)
+            if workload == "w2":
+                r["violations"] = overlapping_pairs(read_records(record))
+            elif workload == "w3":
+                r["max_at_once"], r["violations"] = concurrency_profile(read_records(record))
+            return r
+    finally:
+        pg.sql(f"DROP DATABASE {db} WITH (FORCE)")
+
+
+def summary(runs: list[dict], concurrency: int) -> list[dict]:
+    rows = []
+    for w in sorted({r["workload"] for r in runs}):
+        base = None
+        for n in sorted({r["nodes"] for r in runs if r["workload"] == w}):
+            rs = sorted(
+                (r for r in runs if r["workload"] == w and r["nodes"] == n), key=lambda r: r["jobs_per_s"]
+            )
+            med = rs[len(rs) // 2]
+            rate = statistics.median(r["jobs_per_s"] for r in rs)
+            base = base or rate
+            best = ideal(w, n, concurrency)
+            rows.append(
+                {
+                    "workload": w,
+                    "nodes": n,
+                    "jobs_per_s": rate,
+                    "low": rs[0]["jobs_per_s"],
+                    "high": rs[-1]["jobs_per_s"],
+                    "vs_one_node": rate / base,
+                    "of_ideal": rate / best if best else None,
+                    "shares": med["shares"],
+                    "pick_p99_ms": statistics.median(r["pick_p99_ms"] for r in rs),
+                    "violations": sum(r.get("violations", 0) for r in rs),
+                    "rounds": len(rs),
+                }
+            )
+    return rows
+
+
+def markdown(rows: list[dict]) -> str:
+    out = [
+        "| workload | nodes | jobs/s (range) | vs 1 node | % of ideal | share per node "
+        "| claim p99 ms | violations |",
+        "|---|---:|---:|---:|---:|---|---:|---:|",
+    ]
+    for r in rows:
+        shares = " / ".join(f"{s:.2f}" for s in r["shares"])
+        ideal_pc = f"{100 * r['of_ideal']:.0f} %" if r["of_ideal"] else ""
+        out.append(
+            f"| {r['workload'].upper()} | {r['nodes']} "
+            f"| {r['jobs_per_s']:,.0f} ({r['low']:,.0f}–{r['high']:,.0f}) "
+            f"| {r['vs_one_node']:.2f} | {ideal_pc} | {shares} | {r['pick_p99_ms']:.1f} | {r['violations']} |"
+        )
+    return "\n".join(out) + "\n"
+
+
+def chart(rows: list[dict], path: Path, work: Work) -> None:
+    script = r"""
+import json, sys
+import matplotlib
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+rows = json.load(open(sys.argv[1]))["summary"]
+ws = sorted({r["workload"] for r in rows})
+fig, axes = plt.subplots(1, len(ws), figsize=(4 * len(ws), 3.2))
+axes = axes if len(ws) > 1 else [axes]
+for ax, w in zip(axes, ws):
+    rs = [r for r in rows if r["workload"] == w]
+    ax.bar([str(r["nodes"]) for r in rs], [r["jobs_per_s"] for r in rs], color="#2a7ab9")
+    ax.errorbar([str(r["nodes"]) for r in rs], [r["jobs_per_s"] for r in rs],
+                yerr=[[r["jobs_per_s"] - r["low"] for r in rs], [r["high"] - r["jobs_per_s"] for r in rs]],
+                fmt="none", ecolor="#333", capsize=3)
+    ax.set_title(f"{w.upper()}: jobs/s by node processes", fontsize=10)
+    ax.set_xlabel("node processes")
+fig.tight_layout()
+fig.savefig(sys.argv[2], dpi=110)
+"""
+    sh([work.py, "-c", script, str(path.with_suffix(".json")), str(path)])
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--nodes", default="1,2,4")
+    p.add_argument("--workloads", default="w1,w2,w3")
+    p.add_argument("--concurrency", type=int, default=20, help="steps at once per node")
+    p.add_argument("--scale", type=float, default=1.0, help="fraction of the job counts")
+    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    p.add_argument("--work", type=Path, default=ROOT / "benchmarks" / ".work")
+    args = p.parse_args()
+    nodes = [int(n) for n in args.nodes.split(",")]
+    workloads = [w.strip() for w in args.workloads.split(",")]
+    sh(["cargo", "build", "-q", "--release", "--locked", "-p", "gendurable-cli"], cwd=ROOT)
+    cli = ROOT / "target" / "release" / "gendurable"
+    pg = Postgres()
+    pg.start()
+    runs, i = [], 0
+    try:
+        for rnd in range(args.rounds):
+            # Each round in another order: a slow stretch of the machine falls on each count.
+            order = nodes[rnd % len(nodes) :] + nodes[: rnd % len(nodes)]
+            for w in workloads:
+                for n in order:
+                    i += 1
+                    jobs = max(100, int(JOBS[w] * args.scale))
+                    r = run(cli, pg, w, n, jobs, args.concurrency, i)
+                    log(
+                        f"round {rnd + 1}/{args.rounds} {w} on {n} node(s): {r['jobs_per_s']:,.0f} jobs/s, "
+                        f"shares {' / '.join(f'{s:.2f}' for s in r['shares'])}"
+                    )
+                    runs.append(r)
+    finally:
+        pg.stop()
+    rows = summary(runs, args.concurrency)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "nodes.json").write_text(
+        json.dumps({"runs": runs, "summary": rows, "concurrency": args.concurrency}, indent=1)
+    )
+    md = markdown(rows)
+    (args.out / "nodes.md").write_text(md)
+    print(md)
+    work = Work(args.work.resolve(), False)
+    work.python_env([])
+    chart(rows, args.out / "nodes.png", work)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
