@@ -11,6 +11,7 @@ mod cluster;
 pub mod connect;
 mod demo;
 mod echo;
+mod soak;
 mod status;
 mod w5;
 mod workload;

@@ -17,7 +17,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 pub struct Args {
     /// w1 (no-op), w2 (100 K = 1 keys, 5 ms), w3 (one gate of 10, 20 ms),
     /// w4 (insert-to-start latency at 50/s), w5 (unrelated no-op jobs behind
-    /// blocked backlogs) or raw (a plain SKIP LOCKED loop).
+    /// blocked backlogs), soak (a steady rate for --minutes on a pruned
+    /// history) or raw (a plain SKIP LOCKED loop).
     workload: String,
     /// Steps at once (for raw: claim loops at once).
     #[arg(long, default_value_t = 20)]
@@ -46,6 +47,18 @@ pub struct Args {
     /// with `concurrency` steps at once.
     #[arg(long, default_value_t = 1)]
     nodes: u32,
+    /// soak: minutes to run.
+    #[arg(long, default_value_t = 30.0)]
+    minutes: f64,
+    /// soak: jobs inserted per second (benchmarks/soak takes 70 % of a W1
+    /// run's rate).
+    #[arg(long, default_value_t = 1000.0)]
+    rate: f64,
+    /// soak: finished rows in the table at the start (the retention is set
+    /// to what `rate` leaves in it, so the table stays at that size if
+    /// pruning keeps up).
+    #[arg(long, default_value_t = 10_000_000)]
+    history: u64,
     /// Run as one of the other node processes, on this schema (driven by
     /// the first over stdin and stdout: see cluster.rs).
     #[arg(long, hide = true)]
@@ -92,6 +105,14 @@ pub async fn run(args: Args) -> Result<()> {
             timed_run(&node, "w3", n, nodes, &args.record, make).await?
         }
         "w4" => w4(&node, args.jobs.unwrap_or(500)).await?,
+        "soak" => {
+            let shape = crate::soak::Shape {
+                minutes: args.minutes,
+                rate: args.rate,
+                history: args.history,
+            };
+            crate::soak::run(&node, &shape).await?
+        }
         "w5" => {
             let shape = crate::w5::Shape {
                 jobs: args.jobs.unwrap_or(20_000),
@@ -105,7 +126,7 @@ pub async fn run(args: Args) -> Result<()> {
             let n = args.jobs.unwrap_or(20_000);
             raw(&node.url, args.concurrency, n, args.batch).await?
         }
-        other => bail!("unknown workload {other:?}: expected w1, w2, w3, w4, w5 or raw"),
+        other => bail!("unknown workload {other:?}: expected w1, w2, w3, w4, w5, soak or raw"),
     };
     println!("{out}");
     Ok(())
