@@ -163,7 +163,9 @@ def main() -> int:
     p.add_argument("--concurrency", type=int, default=20, help="steps at once per node")
     p.add_argument("--scale", type=float, default=1.0, help="fraction of the job counts")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
-    p.add_argument("--work", type=Path, default=ROOT / "benchmarks" / ".work")
+    p.add_argument(
+        "--work", type=Path, default=ROOT / "benchmarks" / ".peers", help="the harness's work folder"
+    )
     args = p.parse_args()
     nodes = [int(n) for n in args.nodes.split(",")]
     workloads = [w.strip() for w in args.workloads.split(",")]

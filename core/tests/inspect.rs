@@ -5,7 +5,7 @@ mod support;
 
 use gendurable::inspect::{ListQuery, Wait};
 use gendurable::{
-    AwaitOn, Engine, Filter, GateConfig, NewInstance, RateConfig, Status, Transition,
+    AwaitOn, Engine, EngineBuilder, Filter, GateConfig, NewInstance, RateConfig, Status, Transition,
 };
 use serde_json::json;
 use std::sync::Arc;
@@ -26,25 +26,38 @@ async fn why_until(engine: &Engine, id: i64, pred: impl Fn(&Wait) -> bool) -> Ve
     panic!("instance {id}: the expected reason never came; last: {last:?}");
 }
 
+/// A "Hold" workflow on `b`: each step says its instance's id on the first
+/// channel as it starts, then waits for a word on the second before it ends.
+fn holding(
+    b: EngineBuilder,
+) -> (
+    EngineBuilder,
+    mpsc::UnboundedReceiver<i64>,
+    mpsc::UnboundedSender<()>,
+) {
+    let (started, starts) = mpsc::unbounded_channel();
+    let (release, gate) = mpsc::unbounded_channel::<()>();
+    let gate = Arc::new(Mutex::new(gate));
+    let b = b.workflow_fn("Hold", move |_, state, ctx| {
+        let (started, gate) = (started.clone(), gate.clone());
+        async move {
+            let _ = started.send(ctx.id);
+            gate.lock().await.recv().await;
+            Ok(Transition::done(state))
+        }
+    });
+    (b, starts, release)
+}
+
 #[tokio::test]
 async fn why_names_what_holds_each_instance_back() {
     let url = support::url();
     let schema = support::schema("why");
-    let (started, mut starts) = mpsc::unbounded_channel();
-    let (release, gate) = mpsc::unbounded_channel::<()>();
-    let gate = Arc::new(Mutex::new(gate));
-    let engine = support::builder(&url, &schema)
+    let (builder, mut starts, release) = holding(support::builder(&url, &schema));
+    let engine = builder
         .queue("default", 8)
         .concurrency_limit("stripe", GateConfig::new(1))
         .rate_limit("openai", RateConfig::new(1, Duration::from_secs(3600)))
-        .workflow_fn("Hold", move |_, state, ctx| {
-            let (started, gate) = (started.clone(), gate.clone());
-            async move {
-                let _ = started.send(ctx.id);
-                gate.lock().await.recv().await;
-                Ok(Transition::done(state))
-            }
-        })
         .workflow_fn(
             "Job",
             |_, state, _| async move { Ok(Transition::done(state)) },
@@ -427,20 +440,10 @@ async fn the_overview_counts_the_backlog_and_the_last_hours_steps() {
 async fn keys_show_gates_and_warn_of_identity_like_gate_keys() {
     let url = support::url();
     let schema = support::schema("keys");
-    let (started, mut starts) = mpsc::unbounded_channel();
-    let (release, gate) = mpsc::unbounded_channel::<()>();
-    let gate = Arc::new(Mutex::new(gate));
-    let engine = support::builder(&url, &schema)
+    let (builder, mut starts, release) = holding(support::builder(&url, &schema));
+    let engine = builder
         .queue("default", 4)
         .concurrency_limit("order", GateConfig::new(5))
-        .workflow_fn("Hold", move |_, state, ctx| {
-            let (started, gate) = (started.clone(), gate.clone());
-            async move {
-                let _ = started.send(ctx.id);
-                gate.lock().await.recv().await;
-                Ok(Transition::done(state))
-            }
-        })
         .start()
         .await
         .unwrap();

@@ -671,6 +671,34 @@ pub async fn database_url_or_temp() -> Result<(String, Option<TempPostgres>)> {
     Ok((pg.url(), Some(pg)))
 }
 
+/// The URL of one server shared by the whole process: `DATABASE_URL` when
+/// set and not empty, otherwise a [`TempPostgres`] started on the first call
+/// (on a thread of its own, so that it outlives any one test's runtime) and
+/// kept until the process exits (its watchdog then removes it). For test
+/// binaries whose tests each take a schema of their own.
+///
+/// # Panics
+///
+/// When no server can be started: a test suite has nothing to run against.
+pub fn shared_url() -> String {
+    static SHARED: std::sync::OnceLock<(String, Option<TempPostgres>)> = std::sync::OnceLock::new();
+    SHARED
+        .get_or_init(|| {
+            std::thread::spawn(|| {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("a runtime to start PostgreSQL on");
+                rt.block_on(database_url_or_temp())
+                    .unwrap_or_else(|e| panic!("cannot start a throwaway PostgreSQL: {e}"))
+            })
+            .join()
+            .expect("the thread starting PostgreSQL")
+        })
+        .0
+        .clone()
+}
+
 /// Finds the directory holding the PostgreSQL server programs.
 ///
 /// Search order:

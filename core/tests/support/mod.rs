@@ -3,32 +3,11 @@
 #![allow(dead_code)]
 
 use gendurable::{Engine, EngineBuilder};
-use gendurable_testing::TempPostgres;
-use std::sync::OnceLock;
 use std::time::Duration;
-
-static SERVER: OnceLock<(String, Option<TempPostgres>)> = OnceLock::new();
 
 /// The database every test of this binary shares; each test takes its own schema.
 pub fn url() -> String {
-    SERVER
-        .get_or_init(|| {
-            if let Ok(url) = std::env::var("DATABASE_URL") {
-                return (url, None);
-            }
-            // Started on a thread of its own: the server outlives any one test's runtime.
-            std::thread::spawn(|| {
-                let rt = tokio::runtime::Runtime::new().unwrap();
-                let pg = rt
-                    .block_on(TempPostgres::start())
-                    .expect("start a throwaway Postgres");
-                (pg.url(), Some(pg))
-            })
-            .join()
-            .unwrap()
-        })
-        .0
-        .clone()
+    gendurable_testing::shared_url()
 }
 
 /// A schema name no other test uses.

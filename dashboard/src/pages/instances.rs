@@ -63,39 +63,33 @@ impl Params {
         })
     }
 
-    /// The conditions as a query string (for links and hidden fields).
-    pub fn query(&self) -> String {
+    /// The conditions, by name.
+    fn fields(&self) -> [(&'static str, &str); 5] {
         [
-            ("workflow", &self.workflow),
-            ("queue", &self.queue),
-            ("status", &self.status),
-            ("key", &self.key),
-            ("error", &self.error),
+            ("workflow", self.workflow.trim()),
+            ("queue", self.queue.trim()),
+            ("status", self.status.trim()),
+            ("key", self.key.trim()),
+            ("error", self.error.trim()),
         ]
-        .iter()
-        .filter(|(_, v)| !v.trim().is_empty())
-        .map(|(k, v)| format!("{k}={}", url_part(v.trim())))
-        .collect::<Vec<_>>()
-        .join("&")
+    }
+
+    /// The conditions given, as a query string (for links).
+    pub fn query(&self) -> String {
+        self.fields()
+            .iter()
+            .filter(|(_, v)| !v.is_empty())
+            .map(|(k, v)| format!("{k}={}", url_part(v)))
+            .collect::<Vec<_>>()
+            .join("&")
     }
 
     /// The conditions as hidden form fields.
     pub fn hidden(&self) -> String {
-        [
-            ("workflow", &self.workflow),
-            ("queue", &self.queue),
-            ("status", &self.status),
-            ("key", &self.key),
-            ("error", &self.error),
-        ]
-        .iter()
-        .map(|(k, v)| {
-            format!(
-                "<input type=\"hidden\" name=\"{k}\" value=\"{}\">",
-                esc(v.trim())
-            )
-        })
-        .collect()
+        self.fields()
+            .iter()
+            .map(|(k, v)| format!("<input type=\"hidden\" name=\"{k}\" value=\"{}\">", esc(v)))
+            .collect()
     }
 }
 

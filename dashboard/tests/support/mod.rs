@@ -5,32 +5,12 @@
 pub mod load;
 
 use gendurable::Engine;
-use gendurable_testing::TempPostgres;
-use std::sync::OnceLock;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-static SERVER: OnceLock<(String, Option<TempPostgres>)> = OnceLock::new();
-
 /// The database every test of this binary shares; each test takes its own schema.
 pub fn url() -> String {
-    SERVER
-        .get_or_init(|| {
-            if let Ok(url) = std::env::var("DATABASE_URL") {
-                return (url, None);
-            }
-            std::thread::spawn(|| {
-                let rt = tokio::runtime::Runtime::new().unwrap();
-                let pg = rt
-                    .block_on(TempPostgres::start())
-                    .expect("start a throwaway Postgres");
-                (pg.url(), Some(pg))
-            })
-            .join()
-            .unwrap()
-        })
-        .0
-        .clone()
+    gendurable_testing::shared_url()
 }
 
 /// A schema name no other test uses.
