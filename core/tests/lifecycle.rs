@@ -93,6 +93,41 @@ async fn shutdown_timeout_records_stragglers_as_errors() {
     assert_eq!(i.attempt, 1);
 }
 
+/// Batches after the first start where the one before ended: none is
+/// skipped, also where many rows share a finish time across a batch's end.
+#[tokio::test]
+async fn pruning_in_batches_deletes_every_row_past_the_retention() {
+    let url = support::url();
+    let schema = support::schema("prune_batches");
+    let engine = support::builder(&url, &schema)
+        .retention(Some(Duration::from_secs(3600)))
+        .build()
+        .await
+        .unwrap();
+    engine.migrate().await.unwrap();
+    // 25,000 rows past the retention over 7 distinct finish times (thousands
+    // at each), and 3 within it.
+    sqlx::query(&format!(
+        "INSERT INTO {schema}.instances (workflow, step, state, status, finished_at)
+         SELECT 'Old', 'start', '{{}}'::jsonb, 'completed',
+                date_trunc('second', now()) - interval '1 day' - make_interval(secs => g % 7)
+         FROM generate_series(1, 25000) g
+         UNION ALL
+         SELECT 'New', 'start', '{{}}'::jsonb, 'completed', now() FROM generate_series(1, 3)"
+    ))
+    .execute(engine.pool())
+    .await
+    .unwrap();
+    assert_eq!(engine.prune_now().await.unwrap(), 25_000);
+    let left: Vec<String> =
+        sqlx::query_scalar(&format!("SELECT DISTINCT workflow FROM {schema}.instances"))
+            .fetch_all(engine.pool())
+            .await
+            .unwrap();
+    assert_eq!(left, vec!["New".to_owned()]);
+    assert_eq!(engine.prune_now().await.unwrap(), 0);
+}
+
 #[tokio::test]
 async fn finished_instances_are_pruned_after_the_retention() {
     let url = support::url();

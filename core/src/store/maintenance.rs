@@ -4,6 +4,7 @@
 
 use super::{Limits, Store};
 use crate::error::Result;
+use chrono::{DateTime, Utc};
 use sqlx::Row;
 
 /// A node's heartbeat: who it is and what it serves.
@@ -181,14 +182,22 @@ impl Store {
     }
 
     /// Deletes up to `batch` rows final for longer than `retention`
-    /// seconds, their kept signals, and expired signals sent by name.
-    pub async fn prune(&self, retention: f64, batch: i64) -> Result<u64> {
-        let n: i64 = sqlx::query_scalar(&self.sql.prune)
+    /// seconds, oldest first from `from` on, their kept signals, and expired
+    /// signals sent by name; how many, and where the next batch starts.
+    pub async fn prune(
+        &self,
+        retention: f64,
+        batch: i64,
+        from: Option<DateTime<Utc>>,
+    ) -> Result<(u64, Option<DateTime<Utc>>)> {
+        let row = sqlx::query(&self.sql.prune)
             .bind(retention)
             .bind(batch)
+            .bind(from)
             .fetch_one(&self.pool)
             .await?;
-        Ok(n as u64)
+        let n: i64 = row.try_get(0)?;
+        Ok((n as u64, row.try_get(1)?))
     }
 
     /// Adds a node's step counts to its row of the current minute.

@@ -53,6 +53,7 @@ pub(super) async fn maintain(sh: Arc<Shared>) {
     let mut gates_after: Option<String> = None;
     let mut parked_after: Option<String> = None;
     let mut last_prune = Instant::now() - Duration::from_secs(3600);
+    let mut prune_from = None;
     let mut last_recorded = Instant::now();
     loop {
         let now = Instant::now();
@@ -119,7 +120,7 @@ pub(super) async fn maintain(sh: Arc<Shared>) {
             // batch a tick), then at the next tick.
             let began = Instant::now();
             loop {
-                match prune_batch(ctx).await {
+                match prune_batch(ctx, &mut prune_from).await {
                     Ok(n) if n >= PRUNE_BATCH as u64 => {
                         if began.elapsed() >= tick / 2 {
                             break;
