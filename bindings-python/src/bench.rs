@@ -10,16 +10,18 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 
-/// Insert `n` no-op instances, start a Rust node running `concurrency` steps
-/// at once, and return the seconds until the `n`-th step ran.
+/// Insert `n` no-op instances (unless `insert` is false: they are in the
+/// schema already), start a Rust node running `concurrency` steps at once,
+/// and return the seconds until the `n`-th step ran.
 #[pyfunction]
-#[pyo3(signature = (url, n, concurrency, schema="gendurable_bench"))]
+#[pyo3(signature = (url, n, concurrency, schema="gendurable_bench", insert=true))]
 pub(crate) fn _bench_rust_noop(
     py: Python<'_>,
     url: String,
     n: usize,
     concurrency: u32,
     schema: &str,
+    insert: bool,
 ) -> PyResult<f64> {
     let schema = schema.to_owned();
     block_on(py, move || async move {
@@ -42,13 +44,15 @@ pub(crate) fn _bench_rust_noop(
             })
             .build()
             .await?;
-        engine
-            .insert_many(
-                (0..n)
-                    .map(|i| NewInstance::new("bench.RustNoop", json!({"i": i})))
-                    .collect(),
-            )
-            .await?;
+        if insert {
+            engine
+                .insert_many(
+                    (0..n)
+                        .map(|i| NewInstance::new("bench.RustNoop", json!({"i": i})))
+                        .collect(),
+                )
+                .await?;
+        }
         let t = Instant::now();
         engine.start().await?;
         all_done.notified().await;

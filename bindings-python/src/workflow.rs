@@ -1,11 +1,12 @@
 //! Python step functions run by the core's node.
 //!
-//! Sync steps run on the runtime's blocking pool (one thread per running
-//! step; the queues' concurrency bounds how many run at once), each taking
-//! the GIL only while Python code runs. Those threads keep their Python
-//! thread state between steps (`pin_thread_state`). Async steps are
-//! submitted to the engine's asyncio loop thread; the node's task waits for
-//! their result without holding a thread or the GIL.
+//! Sync steps run on the threads of [`Pool`] (at most one step at a time
+//! each; the queues' concurrency bounds how many run at once), each taking
+//! the GIL only while Python code runs, and running short steps back to
+//! back under one acquisition. Those threads keep their Python thread state
+//! between steps (`pin_thread_state`). Async steps are submitted to the
+//! engine's asyncio loop thread by the same threads; the node's task waits
+//! for their result without holding a thread or the GIL.
 
 use crate::values::{to_json, to_py};
 use gendurable::{
@@ -16,8 +17,9 @@ use pyo3::prelude::*;
 use pyo3::types::{PyString, PyTuple};
 use std::cell::Cell;
 use std::collections::HashMap;
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 use tokio::sync::oneshot;
 
@@ -389,70 +391,37 @@ impl PyWorkflow {
                 ctx.workflow
             )));
         };
-        let hooks = self.hooks.clone();
-        let (f, is_async, takes_step) = (s.f.clone(), s.is_async, s.takes_step);
-        let step = step.to_owned();
-        if !is_async {
-            let out = tokio::task::spawn_blocking(move || {
-                pin_thread_state();
-                let _running = SyncStep::enter();
-                Python::attach(|py| {
-                    let call = || -> PyResult<Transition> {
-                        let args = (
-                            f.bind(py),
-                            takes_step,
-                            PyString::new(py, &step),
-                            to_py(py, &state)?,
-                            ctx_to_py(py, &ctx)?,
-                        );
-                        let out = hooks.invoke.bind(py).call1(args)?;
-                        Ok(decode(&out))
-                    };
-                    call().unwrap_or_else(|e| Transition::Error {
-                        reason: format!("calling the step failed: {}", e.value(py)),
-                        detail: None,
-                    })
-                })
-            })
-            .await?;
-            return Ok(out);
-        }
+        let call = Call {
+            hooks: self.hooks.clone(),
+            f: s.f.clone(),
+            takes_step: s.takes_step,
+            step: step.to_owned(),
+            state,
+            ctx,
+        };
         let (tx, rx) = oneshot::channel();
-        let submitted = tokio::task::spawn_blocking(move || {
-            pin_thread_state();
-            Python::attach(|py| -> PyResult<Py<PyAny>> {
-                let event_loop = hooks.event_loop(py).ok_or_else(|| {
-                    crate::errors::internal("the engine's event loop is not running")
-                })?;
-                let done = Py::new(
-                    py,
-                    Done {
-                        tx: Mutex::new(Some(tx)),
-                    },
-                )?;
-                let args = (
-                    f.bind(py),
-                    takes_step,
-                    PyString::new(py, &step),
-                    to_py(py, &state)?,
-                    ctx_to_py(py, &ctx)?,
-                    event_loop,
-                    done,
-                );
-                Ok(hooks.invoke_async.bind(py).call1(args)?.unbind())
-            })
-        })
-        .await?;
-        let fut = match submitted {
-            Ok(fut) => fut,
-            Err(e) => {
+        if !s.is_async {
+            POOL.submit(Job::Sync(call, tx));
+            // Dropped (a timeout, a cancellation, the shutdown), the step's
+            // job is skipped if it has not started; a started one runs on.
+            return Ok(rx.await.unwrap_or_else(|_| {
+                Transition::error("the step's thread ended before the step did")
+            }));
+        }
+        let (submitted_tx, submitted) = oneshot::channel();
+        POOL.submit(Job::Async(call, tx, submitted_tx));
+        let fut = match submitted.await {
+            Ok(Ok(fut)) => fut,
+            Ok(Err(reason)) => {
                 return Ok(Transition::Error {
-                    reason: format!(
-                        "could not start the async step: {}",
-                        Python::attach(|py| e.value(py).to_string())
-                    ),
+                    reason: format!("could not start the async step: {reason}"),
                     detail: None,
                 })
+            }
+            Err(_) => {
+                return Ok(Transition::error(
+                    "the async step was dropped before it started",
+                ))
             }
         };
         let mut guard = CancelOnDrop(Some(fut));
@@ -462,5 +431,225 @@ impl PyWorkflow {
         guard.0 = None;
         Ok(tr
             .unwrap_or_else(|_| Transition::error("the async step was dropped before it finished")))
+    }
+}
+
+/// One step call, as the pool's threads make it.
+struct Call {
+    hooks: Arc<Hooks>,
+    f: Arc<Py<PyAny>>,
+    takes_step: bool,
+    step: String,
+    state: serde_json::Value,
+    ctx: StepContext,
+}
+
+impl Call {
+    /// The `(fn, takes_step, step, state, ctx)` the runners take.
+    fn args<'py>(&self, py: Python<'py>) -> PyResult<[Bound<'py, PyAny>; 5]> {
+        Ok([
+            self.f.bind(py).clone(),
+            pyo3::types::PyBool::new(py, self.takes_step)
+                .to_owned()
+                .into_any(),
+            PyString::new(py, &self.step).into_any(),
+            to_py(py, &self.state)?,
+            ctx_to_py(py, &self.ctx)?.into_any(),
+        ])
+    }
+}
+
+/// What the pool's threads run: a `def` step (its transition goes back on
+/// the channel), or the submission of an `async def` step to the engine's
+/// event loop (the concurrent future goes back on the second channel, the
+/// transition later, from the future's `Done`).
+enum Job {
+    Sync(Call, oneshot::Sender<Transition>),
+    Async(
+        Call,
+        oneshot::Sender<Transition>,
+        oneshot::Sender<Result<Py<PyAny>, String>>,
+    ),
+}
+
+impl Job {
+    /// Whether nobody waits for it any more (its step was stopped before
+    /// it started): then it is not run.
+    fn abandoned(&self) -> bool {
+        match self {
+            Job::Sync(_, tx) => tx.is_closed(),
+            Job::Async(_, _, submitted) => submitted.is_closed(),
+        }
+    }
+
+    fn run(self, py: Python<'_>) {
+        match self {
+            Job::Sync(call, tx) => {
+                let _running = SyncStep::enter();
+                let out = call
+                    .args(py)
+                    .and_then(|args| call.hooks.invoke.bind(py).call1(PyTuple::new(py, args)?))
+                    .map(|out| decode(&out))
+                    .unwrap_or_else(|e| Transition::Error {
+                        reason: format!("calling the step failed: {}", e.value(py)),
+                        detail: None,
+                    });
+                let _ = tx.send(out);
+            }
+            Job::Async(call, tx, submitted) => {
+                let fut = (|| -> PyResult<Py<PyAny>> {
+                    let event_loop = call.hooks.event_loop(py).ok_or_else(|| {
+                        crate::errors::internal("the engine's event loop is not running")
+                    })?;
+                    let done = Py::new(
+                        py,
+                        Done {
+                            tx: Mutex::new(Some(tx)),
+                        },
+                    )?;
+                    let [f, takes_step, step, state, ctx] = call.args(py)?;
+                    let args = (f, takes_step, step, state, ctx, event_loop, done);
+                    Ok(call.hooks.invoke_async.bind(py).call1(args)?.unbind())
+                })();
+                let _ = submitted.send(fut.map_err(|e| e.value(py).to_string()));
+            }
+        }
+    }
+}
+
+/// The threads that run `def` steps and submit `async def` ones.
+///
+/// A thread that finishes a step takes the next waiting one while it still
+/// holds the GIL, so that a run of short steps is one GIL acquisition and
+/// no thread switch per step (a thread per step, as tokio's blocking pool
+/// ran them, cost two and a half context switches a step: two thirds of the
+/// binding's CPU on no-op steps). A step that blocks must not hold up the
+/// ones behind it, though, and which steps block is not known beforehand:
+/// so whenever steps wait and no thread is between steps or on its way to
+/// the queue, one more thread is woken (or started) to look. While a thread
+/// runs short steps back to back, the one woken waits for the GIL and
+/// takes over at Python's switch interval; while steps block, each waiting
+/// step wakes a thread of its own.
+///
+/// Threads are never ended: each keeps its Python thread state (see
+/// `pin_thread_state`). There are never more of them than steps ran at
+/// once (plus steps abandoned while running, which run on).
+struct Pool {
+    state: Mutex<PoolState>,
+    wake: Condvar,
+}
+
+struct PoolState {
+    queue: VecDeque<Job>,
+    /// Threads waiting for a wake-up.
+    idle: usize,
+    /// Wake-ups sent and not yet taken.
+    wakeups: usize,
+    /// Threads woken or started and not yet running a step (wake-ups not
+    /// yet taken included).
+    searching: usize,
+    /// Threads holding the GIL between two steps.
+    between: usize,
+}
+
+static POOL: Pool = Pool {
+    state: Mutex::new(PoolState {
+        queue: VecDeque::new(),
+        idle: 0,
+        wakeups: 0,
+        searching: 0,
+        between: 0,
+    }),
+    wake: Condvar::new(),
+};
+
+impl Pool {
+    fn submit(&'static self, job: Job) {
+        let start = {
+            let mut st = lock(&self.state);
+            st.queue.push_back(job);
+            self.look(&mut st)
+        };
+        if start {
+            self.start_thread();
+        }
+    }
+
+    /// Make sure a thread will look at the queue: unless one is between
+    /// steps or on its way, wake one, or say that one must be started.
+    fn look(&self, st: &mut PoolState) -> bool {
+        if st.searching > 0 || st.between > 0 {
+            return false;
+        }
+        st.searching += 1;
+        if st.idle > st.wakeups {
+            st.wakeups += 1;
+            self.wake.notify_one();
+            false
+        } else {
+            true
+        }
+    }
+
+    fn start_thread(&'static self) {
+        let spawned = std::thread::Builder::new()
+            .name("gendurable-step".into())
+            .spawn(move || self.thread());
+        if spawned.is_err() {
+            // No thread: the steps wait for a running one (a step ending, a
+            // later submission).
+            lock(&self.state).searching -= 1;
+        }
+    }
+
+    /// A thread of the pool: born searching.
+    fn thread(&'static self) {
+        pin_thread_state();
+        loop {
+            let mut start = false;
+            Python::attach(|py| {
+                let mut st = lock(&self.state);
+                let mut searching = true;
+                loop {
+                    let Some(job) = st.queue.pop_front() else {
+                        break;
+                    };
+                    if job.abandoned() {
+                        drop(st);
+                        drop(job);
+                        st = lock(&self.state);
+                        continue;
+                    }
+                    if searching {
+                        st.searching -= 1;
+                        searching = false;
+                    } else {
+                        st.between -= 1;
+                    }
+                    if !st.queue.is_empty() {
+                        start |= self.look(&mut st);
+                    }
+                    drop(st);
+                    if std::mem::take(&mut start) {
+                        self.start_thread();
+                    }
+                    job.run(py);
+                    st = lock(&self.state);
+                    st.between += 1;
+                }
+                if searching {
+                    st.searching -= 1;
+                } else {
+                    st.between -= 1;
+                }
+                st.idle += 1;
+            });
+            let mut st = lock(&self.state);
+            while st.wakeups == 0 {
+                st = self.wake.wait(st).unwrap_or_else(|p| p.into_inner());
+            }
+            st.wakeups -= 1;
+            st.idle -= 1;
+        }
     }
 }
