@@ -99,7 +99,7 @@ defmodule GenDurable do
   those still running then and hands back what never started.
 
   The engine's processes (`<name>.Engine`, `<name>.Dispatcher` and the step
-  processes' supervisor `<name>.Tasks`) are restarted alone if one dies.
+  processes' owner `<name>.Tasks`) are restarted alone if one dies.
   The node belongs to the Engine process: if it is killed, the node stops
   gracefully and the next Engine starts a new one once it has. A killed
   dispatcher loses no step. If the whole tree is killed, your supervisor
@@ -130,8 +130,11 @@ defmodule GenDurable do
   A raise, a throw or an exit in the step is an error outcome recording the
   formatted exception and stacktrace. So is a step process killed from
   outside, or a return value that is none of the above. Steps run in
-  processes of a `Task.Supervisor` owned by the engine, at most each queue's
-  concurrency at once; they never take the VM down. A step the engine stops
+  processes owned by the engine, at most each queue's concurrency at once;
+  they never take the VM down. A process runs one step after another while
+  the steps leave it as it started (see the README: a step that changes its
+  process dictionary, links, monitors, mailbox, flags or registered name
+  ends it, and the next step gets a fresh process). A step the engine stops
   (past its timeout, its instance cancelled, still running at the shutdown
   timeout, or its claim lost while the node was presumed dead) has its
   process killed.
@@ -1506,8 +1509,8 @@ end
 
 defmodule GenDurable.Supervisor do
   @moduledoc false
-  # The step processes' supervisor, the dispatcher, then the engine, each
-  # restarted alone: the dispatcher finds the step processes' supervisor by
+  # The step processes' owner, the dispatcher, then the engine, each
+  # restarted alone: the dispatcher finds the step processes' owner by
   # name, the core finds the dispatcher through the tree's resource (each
   # dispatcher registers there) and the engine's node is stopped with the
   # Engine process that owns it. The engine stops first, while its steps can
@@ -1535,7 +1538,7 @@ defmodule GenDurable.Supervisor do
     }
 
     children = [
-      {Task.Supervisor, name: tasks},
+      {GenDurable.Tasks, name: tasks},
       {GenDurable.Dispatcher, args},
       Supervisor.child_spec({GenDurable.Engine, args},
         shutdown: v.shutdown_timeout + 10_000

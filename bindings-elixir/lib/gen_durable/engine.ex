@@ -40,26 +40,56 @@ defmodule GenDurable.Engine do
   end
 end
 
+defmodule GenDurable.Tasks do
+  @moduledoc false
+  # The step processes' owner: every step process (runner) links itself to
+  # it when it starts, so that runners die with it (killed, or stopped with
+  # the tree). It traps exits and ignores its runners' ends; the dispatcher,
+  # which monitors them, reports those.
+
+  use GenServer
+
+  def start_link(opts), do: GenServer.start_link(__MODULE__, nil, opts)
+
+  @impl true
+  def init(nil) do
+    Process.flag(:trap_exit, true)
+    {:ok, nil}
+  end
+
+  @impl true
+  def handle_info(_exit, st), do: {:noreply, st}
+end
+
 defmodule GenDurable.Dispatcher do
   @moduledoc false
-  # Receives `{:gen_durable_step, handle}` from the core and runs each step
-  # in a process of the engine's Task.Supervisor, which takes the step with
-  # `Native.step_begin/1` (see `GenDurable.Runner`). A step process that dies
-  # without answering is answered here with its exit reason; one that died
-  # before taking its step has the step snoozed (it never ran).
+  # Starts and watches the step processes (runners, see `GenDurable.Runner`).
+  # The core hands each step to an idle runner directly; with none idle it
+  # queues the step in the NIF and sends `:gen_durable_steps` here (once
+  # while one is outstanding), and the dispatcher starts a runner per
+  # queued step (`Native.dispatcher_wanted/1`). A runner runs steps one
+  # after another while its process stays as it started (see the Runner);
+  # otherwise it ends after its step, and the pool grows again on demand.
+  #
+  # A runner that dies is reported to the NIF with its exit reason
+  # (`Native.runner_exited/3`): the step it was running is answered with an
+  # error, one it had not taken yet is snoozed (it never ran).
   #
   # The dispatcher holds nothing the core cannot do without: if it dies, the
-  # core sends the steps no process took yet to the next dispatcher (which
-  # registers itself in `init/1`), step processes already running answer on
-  # their own, and one that dies without answering is answered by the NIF.
+  # steps no process took yet go to the next dispatcher (which registers
+  # itself in `init/1`, stops the idle runners of the one before and starts
+  # its own), runners already running a step answer on their own and then
+  # end, and one that dies without answering is answered by the NIF.
   #
   # `{:gen_durable_cancel, pid}` comes from the core when it stops a step it
   # was waiting for (shutdown timeout, claim lost, successor not admitted):
-  # the step's process is killed, whichever dispatcher started it.
+  # the step's process is killed, whichever dispatcher started it. A runner
+  # whose step was stopped never takes another, so the kill cannot reach a
+  # later step.
   #
   # Exits are trapped so that `terminate/2` runs when the tree stops: the
-  # steps still running are killed and answered with an error, and the
-  # steps no process took are snoozed.
+  # runners are killed (the steps still running answered with an error),
+  # and the steps no process took are snoozed.
 
   use GenServer
 
@@ -70,24 +100,30 @@ defmodule GenDurable.Dispatcher do
   @impl true
   def init(args) do
     Process.flag(:trap_exit, true)
-    Native.dispatcher_register(args.res)
-    # running: monitor ref => {handle, pid}
-    {:ok, %{res: args.res, tasks: args.tasks, running: %{}}}
+    # The runners of the dispatchers before this one: the idle ones stop
+    # now, the others after their step; their exits are reported from here.
+    {idle, busy} = Native.dispatcher_register(args.res)
+    Enum.each(idle, &send(&1, :gen_durable_stop))
+    # runners: monitor ref => pid
+    runners = Map.new(idle ++ busy, &{Process.monitor(&1), &1})
+    send(self(), :gen_durable_steps)
+    {:ok, %{res: args.res, tasks: args.tasks, runners: runners}}
   end
 
   @impl true
-  def handle_info({:gen_durable_step, handle}, st) do
-    # async_nolink monitors the task before it runs, so even a task killed
-    # at once is seen with its real exit reason.
-    %Task{ref: ref, pid: pid} =
-      Task.Supervisor.async_nolink(st.tasks, GenDurable.Runner, :run, [handle])
+  def handle_info(:gen_durable_steps, st) do
+    case {Native.dispatcher_wanted(st.res), Process.whereis(st.tasks)} do
+      {0, _} ->
+        {:noreply, st}
 
-    {:noreply, %{st | running: Map.put(st.running, ref, {handle, pid})}}
-  catch
-    :exit, _ ->
-      # The step processes' supervisor is restarting: the step goes back.
-      Native.step_exited(handle, nil, "")
-      {:noreply, st}
+      {_, nil} ->
+        # The step processes' owner is restarting: the steps go back.
+        Enum.each(Native.dispatcher_take(st.res), &Native.step_exited(&1, nil, ""))
+        {:noreply, st}
+
+      {n, tasks} ->
+        {:noreply, %{st | runners: start(n, {st.res, tasks, self()}, st.runners)}}
+    end
   end
 
   def handle_info({:gen_durable_cancel, pid}, st) when is_pid(pid) do
@@ -95,23 +131,12 @@ defmodule GenDurable.Dispatcher do
     {:noreply, st}
   end
 
-  # The task answered the core itself; this is its return value.
-  def handle_info({ref, _result}, st) when is_reference(ref) and is_map_key(st.running, ref) do
-    Process.demonitor(ref, [:flush])
-    {:noreply, %{st | running: Map.delete(st.running, ref)}}
-  end
-
   def handle_info({:DOWN, ref, :process, pid, reason}, st) do
-    case Map.pop(st.running, ref) do
-      {{handle, ^pid}, running} ->
-        # Does nothing if the step was answered.
-        Native.step_exited(
-          handle,
-          pid,
-          "the step's process exited: #{Exception.format_exit(reason)}"
-        )
-
-        {:noreply, %{st | running: running}}
+    case Map.pop(st.runners, ref) do
+      {^pid, runners} ->
+        # Does nothing if its step was answered.
+        Native.runner_exited(st.res, pid, exit_message(reason))
+        {:noreply, %{st | runners: runners}}
 
       {nil, _} ->
         {:noreply, st}
@@ -124,20 +149,33 @@ defmodule GenDurable.Dispatcher do
   def terminate(_reason, st) do
     Native.dispatcher_close(st.res)
 
-    for {ref, {handle, pid}} <- st.running do
+    for {ref, pid} <- st.runners do
       Process.demonitor(ref, [:flush])
       Process.exit(pid, :kill)
-      Native.step_exited(handle, pid, "the engine's dispatcher stopped")
+      Native.runner_exited(st.res, pid, "the engine's dispatcher stopped")
     end
 
+    Enum.each(Native.dispatcher_take(st.res), &Native.step_exited(&1, nil, ""))
     release_queued()
   end
 
+  # The monitor is set before the process runs, so even a process killed at
+  # once is seen with its real exit reason.
+  defp start(0, _args, runners), do: runners
+
+  defp start(n, args, runners) do
+    {pid, ref} = :erlang.spawn_opt(GenDurable.Runner, :start, [args], [:monitor])
+    start(n - 1, args, Map.put(runners, ref, pid))
+  end
+
+  # The message is read only when the runner had not answered its step: a
+  # normal exit is not formatted.
+  defp exit_message(:normal), do: "the step's process exited: normal"
+  defp exit_message(reason), do: "the step's process exited: #{Exception.format_exit(reason)}"
+
   defp release_queued do
     receive do
-      {:gen_durable_step, handle} ->
-        Native.step_exited(handle, nil, "")
-        release_queued()
+      :gen_durable_steps -> release_queued()
     after
       0 -> :ok
     end
@@ -161,6 +199,82 @@ defmodule GenDurable.Runner do
 
   alias GenDurable.Native
 
+  # A runner: takes steps from the NIF (`Native.runner_next/2`) or, idle,
+  # waits for one, and runs them one after another in this process as long
+  # as it stays as it started (see `clean?/1`): a step that leaves anything
+  # behind (process dictionary, links, monitors, messages, trapped exits, a
+  # priority, a group leader, a registered name, a large heap) or whose
+  # answer came after the core stopped it ends the runner, so that the next
+  # step starts in a fresh process.
+  @idle_gc 1_000
+  @max_heap 65_536
+
+  def start({res, tasks, manager}) do
+    # Dies with the step processes' owner; if that is gone already, this
+    # exits with :noproc before taking a step.
+    Process.link(tasks)
+    loop(%{res: res, tasks: tasks, manager: manager, gl: Process.group_leader()})
+  end
+
+  defp loop(r) do
+    case Native.runner_next(r.res, r.manager) do
+      :wait -> await(r)
+      :stop -> :ok
+      handle -> step(handle, r)
+    end
+  end
+
+  @doc false
+  def await(r) do
+    receive do
+      {:gen_durable_step, handle} -> step(handle, r)
+      :gen_durable_stop -> :ok
+    after
+      # Idle for a while: the heap (and the binaries it holds) is freed.
+      @idle_gc -> :erlang.hibernate(__MODULE__, :await, [r])
+    end
+  end
+
+  defp step(handle, r) do
+    if run(handle) != :already_replied and clean?(r), do: loop(r)
+  end
+
+  # Not :monitored_by: on OTP 25 reading it where a NIF resource monitors
+  # the process can crash the VM.
+  @checks [
+    :links,
+    :monitors,
+    :dictionary,
+    :trap_exit,
+    :priority,
+    :group_leader,
+    :registered_name,
+    :message_queue_len,
+    :total_heap_size
+  ]
+
+  defp clean?(%{tasks: tasks, gl: gl}) do
+    case Process.info(self(), @checks) do
+      [
+        links: [^tasks],
+        monitors: [],
+        dictionary: [],
+        trap_exit: false,
+        priority: :normal,
+        group_leader: ^gl,
+        registered_name: [],
+        message_queue_len: 0,
+        total_heap_size: heap
+      ] ->
+        heap <= @max_heap
+
+      _ ->
+        false
+    end
+  end
+
+  # Runs one step; returns what its answer got from the NIF (`:ok`,
+  # `{:error, _}`, `:already_replied`), or `:skip`.
   def run(handle) do
     case begin(handle) do
       {:ok, module, step, state, ctx} ->

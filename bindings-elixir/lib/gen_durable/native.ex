@@ -18,6 +18,10 @@ defmodule GenDurable.Native do
   def engine_stop(_engine, _ref), do: nif()
   def dispatcher_register(_engine), do: nif()
   def dispatcher_close(_engine), do: nif()
+  def dispatcher_wanted(_engine), do: nif()
+  def dispatcher_take(_engine), do: nif()
+  def runner_next(_engine, _manager), do: nif()
+  def runner_exited(_engine, _pid, _reason), do: nif()
   def step_begin(_handle), do: nif()
   def step_begin_dirty(_handle), do: nif()
   def step_reply(_handle, _result), do: nif()
@@ -50,6 +54,7 @@ defmodule GenDurable.Native do
   def bulkhead_limit(_name), do: nif()
   def bulkhead_reset(_name), do: nif()
   def bench_rust_noop(_url, _schema, _n, _concurrency, _ref), do: nif()
+  def bench_rust_run(_url, _schema, _n, _concurrency, _ref), do: nif()
   def status(_url, _schema, _keys, _gates, _connect_timeout, _ref), do: nif()
   def migrate(_url, _schema, _connect_timeout, _ref), do: nif()
 

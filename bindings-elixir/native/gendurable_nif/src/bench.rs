@@ -22,7 +22,7 @@ fn bench_rust_noop<'a>(
     reply_ref: Term<'a>,
 ) -> Atom {
     spawn_reply(env, reply_ref, async move {
-        match bench(url, schema, n, concurrency).await {
+        match run(url, schema, n, concurrency, true).await {
             Ok(r) => ok_reply(r),
             Err(e) => core_error(e),
         }
@@ -30,11 +30,34 @@ fn bench_rust_noop<'a>(
     atoms::ok()
 }
 
-async fn bench(
+/// Runs `n` no-op instances of the workflow `Bench.RustNoop` already inserted
+/// (by the caller, on `schema`) with a node of `concurrency`: the worker
+/// phase alone, for measuring CPU per step against an Elixir worker in the
+/// same process. Replies `{:ok, run_seconds}`.
+#[rustler::nif]
+fn bench_rust_run<'a>(
+    env: Env<'a>,
     url: String,
     schema: String,
     n: usize,
     concurrency: u32,
+    reply_ref: Term<'a>,
+) -> Atom {
+    spawn_reply(env, reply_ref, async move {
+        match run(url, schema, n, concurrency, false).await {
+            Ok((_, r)) => ok_reply(r),
+            Err(e) => core_error(e),
+        }
+    });
+    atoms::ok()
+}
+
+async fn run(
+    url: String,
+    schema: String,
+    n: usize,
+    concurrency: u32,
+    insert: bool,
 ) -> gendurable::Result<(f64, f64)> {
     let done = Arc::new(AtomicUsize::new(0));
     let notify = Arc::new(tokio::sync::Notify::new());
@@ -55,7 +78,10 @@ async fn bench(
         .build()
         .await?;
     let t0 = Instant::now();
-    for chunk in (0..n).collect::<Vec<_>>().chunks(5000) {
+    for chunk in (0..if insert { n } else { 0 })
+        .collect::<Vec<_>>()
+        .chunks(5000)
+    {
         let news = chunk
             .iter()
             .map(|_| NewInstance::new("Bench.RustNoop", serde_json::json!({})))

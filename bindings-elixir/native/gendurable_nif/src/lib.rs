@@ -64,6 +64,8 @@ mod atoms {
         signal,
         timeout,
         gen_durable_step,
+        gen_durable_steps,
+        stop,
         gen_durable_cancel,
         skip,
         dirty,

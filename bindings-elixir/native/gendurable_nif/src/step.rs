@@ -1,25 +1,31 @@
 //! Steps run by Elixir processes.
 //!
 //! The workflow adapter (`ElixirWorkflow`) keeps everything a step needs in
-//! its handle (a `StepRes`) and sends only `{:gen_durable_step, handle}` to
-//! the engine's dispatcher, found through a `Dispatcher` slot that each new
-//! dispatcher process fills in. The dispatcher starts a process that takes
-//! the step with `step_begin/1`: the state and context become terms there,
-//! in that process, on a dirty scheduler unless they are small. A handle is
-//! taken once, so a step sent twice (after its dispatcher was replaced)
-//! still runs once.
+//! its handle (a `StepRes`). Steps run in a pool of long-lived processes
+//! (runners) that the engine's dispatcher starts and monitors: a new step's
+//! handle goes straight to an idle runner as `{:gen_durable_step, handle}`;
+//! with none idle it is queued and the dispatcher, told with one
+//! `:gen_durable_steps` however many arrive meanwhile, starts runners. A
+//! runner that ends a step takes the next queued one itself
+//! (`runner_next/2`), without a message. The runner takes the step with
+//! `step_begin/1`: the state and context become terms there, in that
+//! process, on a dirty scheduler unless they are small. A handle is taken
+//! once, so a step sent twice (after its dispatcher was replaced) still runs
+//! once.
 //!
-//! * A dispatcher that dies with steps in its mailbox loses them: the adapter
-//!   sends a step again whenever a new dispatcher registers, until a process
-//!   takes it.
+//! * A dispatcher that dies loses nothing: queued steps wait for the next
+//!   one, which also monitors the runners of the one before (they stop
+//!   after their step); the adapter queues a step again whenever a new
+//!   dispatcher registers, until a process takes it.
 //! * A step no process could take (no dispatcher for `DISPATCHER_WAIT`, the
-//!   dispatcher stopped for good, its process died before taking it) is
+//!   dispatcher stopped for good, its runner died before taking it) is
 //!   snoozed: it runs again later and the attempt is not counted.
-//! * A step process that dies without answering is answered by the
-//!   dispatcher that started it (with the exit reason) or, if that one is
-//!   gone, by the handle's own monitor of the process.
+//! * A runner that dies without answering its step is reported by the
+//!   dispatcher monitoring it (`runner_exited/3`), with the exit reason.
 //! * When the core stops waiting for a step (it drops the step's future),
-//!   the process running it is killed by the dispatcher.
+//!   the runner running it is killed by the dispatcher. A runner whose
+//!   answer comes after that ends instead of taking another step, so the
+//!   kill cannot reach a later step.
 
 use crate::atoms;
 use crate::convert::{json_is_small, json_to_term, term_is_small, term_to_json};
@@ -31,8 +37,10 @@ use gendurable::{
     Workflow,
 };
 use rustler::types::tuple::get_tuple;
-use rustler::{Atom, Encoder, Env, LocalPid, Monitor, NifResult, OwnedEnv, ResourceArc, Term};
+use rustler::{Atom, Encoder, Env, LocalPid, NifResult, OwnedEnv, ResourceArc, Term};
 use serde_json::Value;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{oneshot, watch};
@@ -42,9 +50,6 @@ use tokio::time::Instant;
 const DISPATCHER_WAIT: Duration = Duration::from_secs(30);
 /// When a step that could not be started runs again.
 const RETRY_AFTER: Duration = Duration::from_millis(100);
-/// How long the dispatcher that started a step process has to report that
-/// process's exit (with its reason) before the handle reports it itself.
-const EXIT_GRACE: Duration = Duration::from_secs(2);
 
 // ---------------------------------------------------------------------------
 // The dispatcher slot
@@ -58,20 +63,57 @@ enum Slot {
     Closed,
 }
 
-/// Where the engine's dispatcher is. Shared by the engine's workflows.
+/// Where the engine's dispatcher is, the steps waiting for a process and the
+/// idle step processes. Shared by the engine's workflows.
 pub struct Dispatcher {
     slot: watch::Sender<Slot>,
+    queue: Mutex<Queue>,
+}
+
+/// Steps run in a pool of long-lived processes (runners) that the dispatcher
+/// starts. A new step goes straight to an idle runner, as
+/// `{:gen_durable_step, handle}`; with none idle it joins the queue, and the
+/// dispatcher is sent `:gen_durable_steps` (once while the queue has such a
+/// message outstanding) to start runners. A runner that ends a step takes
+/// the next queued one itself (`runner_next/2`), or is recorded as idle.
+#[derive(Default)]
+struct Queue {
+    steps: VecDeque<ResourceArc<StepRes>>,
+    /// `:gen_durable_steps` was sent and not answered yet.
+    rung: bool,
+    /// Runners waiting for a step, the most recently idle last.
+    idle: Vec<LocalPid>,
+    /// The step each runner took or was sent last: settled with the
+    /// runner's exit reason should it die (`runner_exited/3`).
+    current: HashMap<LocalPid, ResourceArc<StepRes>>,
 }
 
 impl Dispatcher {
     pub fn new() -> Dispatcher {
         Dispatcher {
             slot: watch::Sender::new(Slot::Empty),
+            queue: Mutex::new(Queue::default()),
         }
     }
 
-    fn register(&self, pid: LocalPid) {
+    /// A new dispatcher starts its own runners. Returns the runners of the
+    /// ones before: idle (for the new one to stop) and the others (which
+    /// stop after their step); it monitors both, to report their exits.
+    fn register(&self, pid: LocalPid) -> (Vec<LocalPid>, Vec<LocalPid>) {
+        let old = {
+            let mut q = lock(&self.queue);
+            q.rung = false;
+            let idle = std::mem::take(&mut q.idle);
+            let busy = q
+                .current
+                .keys()
+                .filter(|p| !idle.contains(p))
+                .copied()
+                .collect();
+            (idle, busy)
+        };
         self.slot.send_replace(Slot::Up(pid));
+        old
     }
 
     fn close(&self, pid: LocalPid) {
@@ -82,6 +124,79 @@ impl Dispatcher {
             }
             mine
         });
+    }
+
+    /// Hands a step to an idle runner, or queues it (once: a step queued
+    /// and not taken yet stays where it is) and tells the dispatcher `pid`
+    /// if it was not told yet. False if the dispatcher is gone.
+    fn enqueue(&self, pid: LocalPid, handle: &ResourceArc<StepRes>) -> bool {
+        let ring = {
+            let mut q = lock(&self.queue);
+            if !handle.queued.load(Ordering::Acquire) {
+                while let Some(runner) = q.idle.pop() {
+                    if send(runner, |env| {
+                        (atoms::gen_durable_step(), handle.clone()).encode(env)
+                    }) {
+                        q.current.insert(runner, handle.clone());
+                        return true;
+                    }
+                }
+                handle.queued.store(true, Ordering::Release);
+                q.steps.push_back(handle.clone());
+            }
+            !std::mem::replace(&mut q.rung, true)
+        };
+        if ring && !send(pid, |env| atoms::gen_durable_steps().encode(env)) {
+            lock(&self.queue).rung = false;
+            return false;
+        }
+        true
+    }
+
+    /// How many runners the dispatcher should start: one per queued step.
+    fn wanted(&self) -> usize {
+        let mut q = lock(&self.queue);
+        q.rung = false;
+        q.steps.len()
+    }
+
+    /// The next queued step for the runner `pid`, or `None` after recording
+    /// it as idle. `Err` if `manager` is no longer the dispatcher: the
+    /// runner stops.
+    fn next(&self, manager: LocalPid, pid: LocalPid) -> Result<Option<ResourceArc<StepRes>>, ()> {
+        if *self.slot.borrow() != Slot::Up(manager) {
+            return Err(());
+        }
+        let mut q = lock(&self.queue);
+        match q.steps.pop_front() {
+            Some(h) => {
+                h.queued.store(false, Ordering::Release);
+                q.current.insert(pid, h.clone());
+                Ok(Some(h))
+            }
+            None => {
+                q.idle.push(pid);
+                Ok(None)
+            }
+        }
+    }
+
+    /// The runner `pid` exited: the step it had, if any.
+    fn exited(&self, pid: LocalPid) -> Option<ResourceArc<StepRes>> {
+        let mut q = lock(&self.queue);
+        q.idle.retain(|p| *p != pid);
+        q.current.remove(&pid)
+    }
+
+    /// Everything queued: the steps a stopping dispatcher snoozes.
+    fn take(&self) -> Vec<ResourceArc<StepRes>> {
+        let mut q = lock(&self.queue);
+        q.rung = false;
+        let steps: Vec<_> = q.steps.drain(..).collect();
+        for h in &steps {
+            h.queued.store(false, Ordering::Release);
+        }
+        steps
     }
 
     /// Sends `{:gen_durable_cancel, pid}`, waiting for a dispatcher if none
@@ -173,34 +288,12 @@ impl StepInner {
 /// The handle of one step run by Elixir.
 pub struct StepRes {
     inner: Arc<Mutex<StepInner>>,
+    /// In the dispatcher's queue (see `Queue`).
+    queued: AtomicBool,
 }
 
 #[rustler::resource_impl]
-impl rustler::Resource for StepRes {
-    /// The process that took the step exited. If it never answered, its
-    /// dispatcher answers with the exit reason; should that dispatcher be
-    /// gone too, the step is answered here after a grace period.
-    fn down<'a>(&'a self, _env: Env<'a>, pid: LocalPid, _mon: Monitor) {
-        let pending = {
-            let s = lock(&self.inner);
-            s.tx.is_some() && s.runner == Some(pid)
-        };
-        if !pending {
-            return;
-        }
-        let inner = self.inner.clone();
-        runtime().spawn(async move {
-            tokio::time::sleep(EXIT_GRACE).await;
-            let mut s = lock(&inner);
-            if s.runner == Some(pid) {
-                s.answer(Transition::Error {
-                    reason: "the step's process exited without answering".into(),
-                    detail: None,
-                });
-            }
-        });
-    }
-}
+impl rustler::Resource for StepRes {}
 
 /// Snoozes the step if no process took it yet: it runs again later, without
 /// counting an attempt. Returns whether it did.
@@ -232,6 +325,7 @@ impl Workflow for ElixirWorkflow {
                 }),
                 runner: None,
             })),
+            queued: AtomicBool::new(false),
         });
         // If the core drops this future (it stops the step) before the
         // answer came, the guard has the step's process killed.
@@ -245,10 +339,7 @@ impl Workflow for ElixirWorkflow {
             // Send (again) while no process took the step.
             let sent = match *slot.borrow_and_update() {
                 Slot::Up(pid) => {
-                    !lock(&handle.inner).unclaimed()
-                        || send(pid, |env| {
-                            (atoms::gen_durable_step(), handle.clone()).encode(env)
-                        })
+                    !lock(&handle.inner).unclaimed() || self.dispatcher.enqueue(pid, &handle)
                 }
                 Slot::Closed => {
                     snooze_unclaimed(&handle);
@@ -318,11 +409,11 @@ impl Drop for CancelOnDrop {
 // ---------------------------------------------------------------------------
 // NIFs called by the dispatcher and the step processes
 
-/// Registers the calling process as the engine's dispatcher.
+/// Registers the calling process as the engine's dispatcher. Returns the
+/// runners of the dispatchers before it, `{idle, busy}`.
 #[rustler::nif]
-fn dispatcher_register(env: Env, res: ResourceArc<EngineRes>) -> Atom {
-    res.tree.dispatcher.register(env.pid());
-    atoms::ok()
+fn dispatcher_register(env: Env, res: ResourceArc<EngineRes>) -> (Vec<LocalPid>, Vec<LocalPid>) {
+    res.tree.dispatcher.register(env.pid())
 }
 
 /// The calling dispatcher stops for good: steps no process took yet are
@@ -330,6 +421,40 @@ fn dispatcher_register(env: Env, res: ResourceArc<EngineRes>) -> Atom {
 #[rustler::nif]
 fn dispatcher_close(env: Env, res: ResourceArc<EngineRes>) -> Atom {
     res.tree.dispatcher.close(env.pid());
+    atoms::ok()
+}
+
+/// How many runners to start, after `:gen_durable_steps`.
+#[rustler::nif]
+fn dispatcher_wanted(res: ResourceArc<EngineRes>) -> usize {
+    res.tree.dispatcher.wanted()
+}
+
+/// The steps no runner took: for a stopping dispatcher to snooze.
+#[rustler::nif]
+fn dispatcher_take(res: ResourceArc<EngineRes>) -> Vec<ResourceArc<StepRes>> {
+    res.tree.dispatcher.take()
+}
+
+/// For a runner started by the dispatcher `manager`: the next queued step's
+/// handle, `:wait` (the runner is idle: a step will be sent to it as
+/// `{:gen_durable_step, handle}`) or `:stop` (`manager` is no longer the
+/// dispatcher).
+#[rustler::nif]
+fn runner_next(env: Env, res: ResourceArc<EngineRes>, manager: LocalPid) -> Term {
+    match res.tree.dispatcher.next(manager, env.pid()) {
+        Ok(Some(h)) => h.encode(env),
+        Ok(None) => atoms::wait().encode(env),
+        Err(()) => atoms::stop().encode(env),
+    }
+}
+
+/// A runner exited: the step it had is settled as `step_exited/3` does.
+#[rustler::nif]
+fn runner_exited(res: ResourceArc<EngineRes>, pid: LocalPid, reason: String) -> Atom {
+    if let Some(h) = res.tree.dispatcher.exited(pid) {
+        settle_exited(&h, Some(pid), reason);
+    }
     atoms::ok()
 }
 
@@ -358,18 +483,14 @@ fn begin<'a>(env: Env<'a>, handle: &ResourceArc<StepRes>, small_only: bool) -> T
         if small_only && !s.data.as_ref().is_some_and(StepData::is_small) {
             return atoms::dirty().encode(env);
         }
-        let pid = env.pid();
-        s.runner = Some(pid);
-        // Answers the step should this process die without the dispatcher
-        // that started it being there to do so (see StepRes::down).
-        handle.monitor(Some(env), &pid);
+        s.runner = Some(env.pid());
         s.data.take().expect("unclaimed")
     };
     let module = Atom::from_str(env, &data.module)
         .map(|a| a.encode(env))
         .unwrap_or_else(|_| data.module.encode(env));
     // The step is claimed by now: should this fail, the caller does not
-    // match the error, dies, and the monitor answers the step.
+    // match the error, dies, and its dispatcher answers the step.
     let ctx = match context_term(env, &data.ctx) {
         Ok(ctx) => ctx,
         Err(_) => return internal_error(env, "cannot build the step's context".into()),
@@ -432,6 +553,11 @@ fn answer<'a>(env: Env<'a>, handle: &StepRes, result: Term<'a>) -> Term<'a> {
 /// left in a stopping dispatcher's mailbox.
 #[rustler::nif]
 fn step_exited(handle: ResourceArc<StepRes>, pid: Option<LocalPid>, reason: String) -> Atom {
+    settle_exited(&handle, pid, reason);
+    atoms::ok()
+}
+
+fn settle_exited(handle: &StepRes, pid: Option<LocalPid>, reason: String) {
     let mut s = lock(&handle.inner);
     if s.unclaimed() {
         s.answer(Transition::snooze(RETRY_AFTER));
@@ -441,7 +567,6 @@ fn step_exited(handle: ResourceArc<StepRes>, pid: Option<LocalPid>, reason: Stri
             detail: None,
         });
     }
-    atoms::ok()
 }
 
 // ---------------------------------------------------------------------------
