@@ -122,6 +122,18 @@ pub(crate) async fn run(node: &Node, shape: &Shape) -> Result<serde_json::Value>
     }
     let sent = inserter.await.context("the inserter")??;
     engine.shutdown().await?;
+    // Which indexes grew: each one's size at the end, in MB.
+    let indexes: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT indexrelname::text, pg_relation_size(indexrelid) FROM pg_stat_user_indexes \
+         WHERE schemaname = $1 AND relname = 'instances' ORDER BY 2 DESC",
+    )
+    .bind(&schema)
+    .fetch_all(engine.pool())
+    .await?;
+    let indexes: serde_json::Map<String, serde_json::Value> = indexes
+        .into_iter()
+        .map(|(name, bytes)| (name, json!(bytes as f64 / 1048576.0)))
+        .collect();
 
     let window = |from: f64, to: f64| -> Vec<&Sample> {
         samples.iter().filter(|s| s.t > from && s.t <= to).collect()
@@ -153,6 +165,7 @@ pub(crate) async fn run(node: &Node, shape: &Shape) -> Result<serde_json::Value>
         "rss_mb_first5": mean(&first, |s| s.rss_mb),
         "rss_mb_last5": mean(&last, |s| s.rss_mb),
         "backlog_last": samples.last().map(|s| s.backlog),
+        "index_mb_at_end": indexes,
         "samples": samples,
     }))
 }
