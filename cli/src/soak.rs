@@ -67,6 +67,7 @@ pub(crate) async fn run(node: &Node, shape: &Shape) -> Result<serde_json::Value>
     seed(engine.pool(), &schema, shape.history, retention).await?;
 
     let before = inserted_rows(engine.pool(), &schema).await?;
+    let indexes_at_start = index_sizes(engine.pool(), &schema).await?;
     engine.start().await?;
     let t0 = Instant::now();
     let end = t0 + Duration::from_secs_f64(shape.minutes * 60.0);
@@ -122,18 +123,8 @@ pub(crate) async fn run(node: &Node, shape: &Shape) -> Result<serde_json::Value>
     }
     let sent = inserter.await.context("the inserter")??;
     engine.shutdown().await?;
-    // Which indexes grew: each one's size at the end, in MB.
-    let indexes: Vec<(String, i64)> = sqlx::query_as(
-        "SELECT indexrelname::text, pg_relation_size(indexrelid) FROM pg_stat_user_indexes \
-         WHERE schemaname = $1 AND relname = 'instances' ORDER BY 2 DESC",
-    )
-    .bind(&schema)
-    .fetch_all(engine.pool())
-    .await?;
-    let indexes: serde_json::Map<String, serde_json::Value> = indexes
-        .into_iter()
-        .map(|(name, bytes)| (name, json!(bytes as f64 / 1048576.0)))
-        .collect();
+    // Which indexes grew.
+    let indexes_at_end = index_sizes(engine.pool(), &schema).await?;
 
     let window = |from: f64, to: f64| -> Vec<&Sample> {
         samples.iter().filter(|s| s.t > from && s.t <= to).collect()
@@ -165,7 +156,8 @@ pub(crate) async fn run(node: &Node, shape: &Shape) -> Result<serde_json::Value>
         "rss_mb_first5": mean(&first, |s| s.rss_mb),
         "rss_mb_last5": mean(&last, |s| s.rss_mb),
         "backlog_last": samples.last().map(|s| s.backlog),
-        "index_mb_at_end": indexes,
+        "index_mb_at_start": indexes_at_start,
+        "index_mb_at_end": indexes_at_end,
         "samples": samples,
     }))
 }
@@ -210,6 +202,24 @@ async fn seed(pool: &sqlx::PgPool, schema: &str, n: u64, retention: Duration) ->
         .execute(pool)
         .await?;
     Ok(())
+}
+
+/// Each index of `instances` and its size in MB, the largest first.
+async fn index_sizes(
+    pool: &sqlx::PgPool,
+    schema: &str,
+) -> Result<serde_json::Map<String, serde_json::Value>> {
+    let sizes: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT indexrelname::text, pg_relation_size(indexrelid) FROM pg_stat_user_indexes \
+         WHERE schemaname = $1 AND relname = 'instances' ORDER BY 2 DESC",
+    )
+    .bind(schema)
+    .fetch_all(pool)
+    .await?;
+    Ok(sizes
+        .into_iter()
+        .map(|(name, bytes)| (name, json!(bytes as f64 / 1048576.0)))
+        .collect())
 }
 
 /// Rows inserted so far (the identity's last value).
