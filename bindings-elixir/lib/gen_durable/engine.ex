@@ -136,6 +136,9 @@ defmodule GenDurable.Dispatcher do
       {^pid, runners} ->
         # Does nothing if its step was answered.
         Native.runner_exited(st.res, pid, exit_message(reason))
+        # A runner that died before taking a step leaves it queued: start
+        # another if any is.
+        send(self(), :gen_durable_steps)
         {:noreply, %{st | runners: runners}}
 
       {nil, _} ->
