@@ -45,7 +45,7 @@ class PgCpu:
     def __init__(self, url: str) -> None:
         with psycopg.connect(url, autocommit=True) as conn:
             backend = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
-        self.postmaster = _stat(backend)["ppid"]
+            self.postmaster = _stat(backend)["ppid"]
 
     def seconds(self) -> float:
         pm = _stat(self.postmaster)
