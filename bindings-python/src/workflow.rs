@@ -347,7 +347,7 @@ impl Done {
                 detail: None,
             },
         };
-        if let Some(tx) = self.tx.lock().unwrap().take() {
+        if let Some(tx) = lock(&self.tx).take() {
             let _ = tx.send(tr);
         }
     }
