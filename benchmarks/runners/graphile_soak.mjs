@@ -23,14 +23,14 @@
 // table, and this process's RSS (worker and inserter, as our node is both).
 // Samples go to stderr as `soak {...}`, the result as one JSON object to stdout.
 //
-//   DATABASE_URL=... node graphile_soak.mjs --minutes 30 --rate 7000 [--concurrency 20]
+//   DATABASE_URL=... node graphile_soak.mjs --minutes 30 --rate 7000 [--concurrency 20] [--tuned-autovacuum 1]
 import { Logger, makeWorkerUtils, run } from "graphile-worker";
 import { readFileSync } from "node:fs";
 import pg from "pg";
 import { sleep } from "./common.mjs";
 
 const argv = process.argv.slice(2);
-const args = { minutes: 30, rate: 0, concurrency: 20 };
+const args = { minutes: 30, rate: 0, concurrency: 20, "tuned-autovacuum": 0 };
 for (let i = 0; i < argv.length; i += 2) args[argv[i].replace(/^--/, "")] = Number(argv[i + 1]);
 if (!(args.rate > 0 && args.minutes > 0)) throw new Error("the soak needs --rate and --minutes above zero");
 const connectionString = process.env.DATABASE_URL;
@@ -48,6 +48,17 @@ const logger = new Logger(() => (level, message) => {
 });
 const utils = await makeWorkerUtils({ connectionString, logger });
 await utils.migrate();
+// `--tuned-autovacuum 1`: the jobs table gets the per-table autovacuum settings
+// gendurable's migration gives its own (core/sql/migrations/*_autovacuum.sql);
+// by default it keeps PostgreSQL's, as graphile-worker ships it.
+const AUTOVACUUM = `autovacuum_vacuum_cost_delay = 0, autovacuum_vacuum_scale_factor = 0.02,
+  autovacuum_vacuum_insert_scale_factor = 0.02, autovacuum_analyze_scale_factor = 0.02`;
+if (args["tuned-autovacuum"]) {
+  await utils.withPgClient(async (c) => {
+    await c.query(`ALTER TABLE graphile_worker._private_jobs SET (${AUTOVACUUM})`);
+    await c.query("ALTER TABLE graphile_worker._private_job_queues SET (autovacuum_vacuum_cost_delay = 0)");
+  });
+}
 
 // The worker's pool, as graphile would make it from connectionString with
 // maxPoolSize (the harness's settings), but ours so that the fetch can be timed.
@@ -162,6 +173,9 @@ const runner = await run({
   preset: { worker: { localQueue: { size: 4 * args.concurrency }, completeJobBatchDelay: 0 } },
 });
 const indexesAtStart = await indexSizes();
+const [{ reloptions }] = await rows(
+  "SELECT reloptions FROM pg_class WHERE oid = 'graphile_worker._private_jobs'::regclass",
+);
 const t0 = performance.now();
 const end = t0 + args.minutes * 60_000;
 
@@ -220,6 +234,8 @@ console.log(
     rate: args.rate,
     concurrency: args.concurrency,
     history: 0,
+    table_autovacuum: args["tuned-autovacuum"] ? "tuned (gendurable's per-table settings)" : "defaults",
+    jobs_table_reloptions: reloptions,
     retention_s: null,
     inserted: sent,
     inserted_by_kind: inserted,
@@ -244,6 +260,10 @@ console.log(
     index_mb_at_start: indexesAtStart,
     index_mb_at_end: indexesAtEnd,
     notes: [
+      args["tuned-autovacuum"]
+        ? "the jobs table had gendurable's per-table autovacuum settings (no cost delay, 2 % scale factors)"
+        : "the jobs table kept PostgreSQL's autovacuum defaults, as graphile-worker ships it " +
+          "(gendurable's migration sets per-table ones on its own table)",
       "no history: graphile-worker deletes a job when it completes, so it keeps no finished rows and " +
         "prunes nothing; its table started empty (gendurable's soak starts on a table of finished rows " +
         "and prunes them as it goes)",
