@@ -33,7 +33,7 @@ CREATE FUNCTION gendurable.handoff(outcomes jsonb, node_id text, channel text, n
     SET search_path TO 'gendurable'
     SET plan_cache_mode TO 'force_generic_plan'
     SET jit TO 'off'
-    AS -- sql/functions/handoff.sql, source md5 99aaec438f6d9cf061c40a1bdeb6c0ba
+    AS -- sql/functions/handoff.sql, source md5 c3639892c5f5ab2b84ee55b0041f5c9b
 ;
 
 CREATE FUNCTION gendurable.key_room(keys text[], gate_names text[], gate_limits integer[]) RETURNS TABLE(key text, room integer)
@@ -85,7 +85,7 @@ CREATE FUNCTION gendurable.pick(q text, demand integer, win_size integer, wfs te
     SET search_path TO 'gendurable'
     SET plan_cache_mode TO 'force_generic_plan'
     SET jit TO 'off'
-    AS -- sql/functions/pick.sql, source md5 2072822227c40e6556b683b22506dd01
+    AS -- sql/functions/pick.sql, source md5 813983002a3de9e76ca675535df8246c
 ;
 
 CREATE FUNCTION gendurable.rate_room(keys text[], lim integer, rate_names text[], rate_intervals double precision[], rate_tolerances double precision[]) RETURNS TABLE(key text, room integer)

@@ -301,8 +301,16 @@ BEGIN
     FOR q IN 1 .. coalesce(cardinality(queues), 0) LOOP
         -- What the handover left of the demand.
         d := demands[q] - coalesce(cardinality(array_positions(h_queue, queues[q])), 0);
-        IF d > 0 AND NOT skip_pick[q] THEN
-            -- In pick order (a function scan keeps it).
+        IF d > 0 AND NOT skip_pick[q] AND NOT (true = ANY (reserve)) THEN
+            -- In pick order (a function scan keeps it). Nothing to reserve:
+            -- the claimed rows go out as they come.
+            RETURN QUERY
+            SELECT p, false, NULL::integer, NULL::integer, NULL::integer, NULL::text[], NULL::bigint[]
+            FROM pick(queues[q], d, ceil(d * win_factor)::integer + 8,
+                      workflows, node_id, gate_names, gate_limits, gate_shards,
+                      rate_names, rate_intervals, rate_tolerances) p;
+        ELSIF d > 0 AND NOT skip_pick[q] THEN
+            -- Kept to reserve successors for their keyed rows below.
             SELECT coalesce(array_agg(p), '{}') INTO picked
             FROM pick(queues[q], d, ceil(d * win_factor)::integer + 8,
                       workflows, node_id, gate_names, gate_limits, gate_shards,
