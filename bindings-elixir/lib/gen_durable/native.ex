@@ -55,6 +55,7 @@ defmodule GenDurable.Native do
   def bulkhead_reset(_name), do: nif()
   def bench_rust_noop(_url, _schema, _n, _concurrency, _ref), do: nif()
   def bench_rust_run(_url, _schema, _n, _concurrency, _ref), do: nif()
+  def bench_sleep(_micros, _ref), do: nif()
   def status(_url, _schema, _keys, _gates, _connect_timeout, _ref), do: nif()
   def migrate(_url, _schema, _connect_timeout, _ref), do: nif()
 

@@ -1,11 +1,12 @@
 //! The benchmark's baseline (`bench/noop.exs`): the same no-op workload run
-//! by pure Rust workers, in the same NIF, on the same engine code.
+//! by pure Rust workers, in the same NIF, on the same engine code; and the
+//! cross-system benchmark runner's precise pause (`bench_sleep/2`).
 
 use crate::atoms;
 use crate::errors::core_error;
-use crate::runtime::{ok_reply, spawn_reply};
+use crate::runtime::{ok_reply, reply, spawn_reply};
 use gendurable::{Engine, NewInstance, Transition};
-use rustler::{Atom, Env, Term};
+use rustler::{Atom, Encoder, Env, NifResult, Term};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -50,6 +51,29 @@ fn bench_rust_run<'a>(
         }
     });
     atoms::ok()
+}
+
+/// Replies `{ref, :ok}` `micros` microseconds from now: the pause of the
+/// cross-system benchmark's W2 and W3 steps (benchmarks/runners/gendurable_ex.exs),
+/// as precise as the Rust runner's `sleep_exactly` (cli/src/workload.rs) and
+/// made the same way: the deadline is fixed here, a blocking thread of the
+/// runtime sleeps to it, and the reply's hop back to the caller is part of
+/// the pause. The BEAM's own timers count whole milliseconds and round up
+/// (`Process.sleep(5)` lasts 5.5-6 ms). The caller waits in `receive`, not on
+/// a scheduler. A pause that overflows the clock is `:badarg`.
+#[rustler::nif]
+fn bench_sleep<'a>(env: Env<'a>, micros: u64, reply_ref: Term<'a>) -> NifResult<Atom> {
+    let until = Instant::now()
+        .checked_add(Duration::from_micros(micros))
+        .ok_or(rustler::Error::BadArg)?;
+    spawn_reply(env, reply_ref, async move {
+        let _ = tokio::task::spawn_blocking(move || {
+            std::thread::sleep(until.saturating_duration_since(Instant::now()))
+        })
+        .await;
+        reply(|env| atoms::ok().encode(env))
+    });
+    Ok(atoms::ok())
 }
 
 async fn run(
