@@ -341,3 +341,53 @@ async fn the_reaper_frees_claims_and_reservations_of_the_dead_at_once() {
         "busy claimed within the lease"
     );
 }
+
+/// Keyed rows a node claims ahead wait on that node while another node's
+/// slots could run them: sharing a queue with another live node, a node
+/// holds no more keyed rows executing there than it runs at once, and claims
+/// keyless rows ahead as before. Alone, it claims keyed rows ahead too.
+#[tokio::test]
+async fn a_node_sharing_its_queue_holds_no_more_keys_than_it_runs() {
+    let (engine, schema) = engine("share").await;
+    let pool = engine.pool();
+    let keyed: Vec<NewInstance> = (0..10)
+        .map(|k| NewInstance::new("Job", json!({})).concurrency_key(format!("acct:{k}")))
+        .collect();
+    engine.insert_many(keyed).await.unwrap();
+    let plain: Vec<NewInstance> = (0..5).map(|_| NewInstance::new("Job", json!({}))).collect();
+    engine.insert_many(plain).await.unwrap();
+    let register = |id: &'static str| {
+        let sql = format!(
+            "INSERT INTO \"{schema}\".nodes (id, hostname, pid, queues)
+             VALUES ($1, 'h', 1, '{{\"default\": 3}}')"
+        );
+        async move { sqlx::query(&sql).bind(id).execute(pool).await.unwrap() }
+    };
+    let keys_held = || async {
+        sqlx::query_scalar::<_, i64>(&format!(
+            "SELECT count(*) FROM \"{schema}\".instances
+             WHERE status = 'executing' AND node = $1 AND concurrency_key IS NOT NULL"
+        ))
+        .bind(NODE)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+    };
+    register(NODE).await;
+    register("n2").await;
+
+    let first = handoff(pool, &schema, json!([]), 12, false, &[]).await;
+    assert_eq!(keys_held().await, 3, "three keyed rows, as many as the node runs");
+    assert_eq!(first.claimed.len(), 8, "and every keyless row: {first:?}");
+    let second = handoff(pool, &schema, json!([]), 12, false, &[]).await;
+    assert!(second.claimed.is_empty(), "no room for keys: {second:?}");
+
+    // The other node is gone: the rest of the keys are claimed ahead.
+    sqlx::query(&format!("DELETE FROM \"{schema}\".nodes WHERE id = 'n2'"))
+        .execute(pool)
+        .await
+        .unwrap();
+    let alone = handoff(pool, &schema, json!([]), 12, false, &[]).await;
+    assert_eq!(alone.claimed.len(), 7, "{alone:?}");
+    assert_eq!(keys_held().await, 10);
+}

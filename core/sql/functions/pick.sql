@@ -37,6 +37,8 @@ DECLARE
     -- Keys whose rows waited behind their own parked rows.
     p_behind text[];
     n_rate integer;
+    -- Keyed rows this pick may claim (NULL: no cap).
+    k_room integer;
 BEGIN
     -- (1) The window: the queue's next rows, locked. Parked rows are not in
     -- the index it walks.
@@ -78,6 +80,19 @@ BEGIN
         ORDER BY priority, scheduled_at, id;
         RETURN;
     END IF;
+
+    -- A node that shares the queue with another live node holds no more
+    -- keyed rows executing there than it runs at once: a key it claimed
+    -- ahead would wait on this node while another node's free slots could run
+    -- it (with 40 keys and two nodes of 20, the first to claim ahead took all
+    -- 40 and the other idled). Alone, a node claims keyed rows ahead too.
+    SELECT greatest((n.queues ->> q)::integer
+                    - (SELECT count(*) FROM instances e
+                       WHERE e.status = 'executing' AND e.node = node_id AND e.queue = q
+                         AND e.concurrency_key IS NOT NULL), 0)
+    INTO k_room
+    FROM nodes n
+    WHERE n.id = node_id AND EXISTS (SELECT 1 FROM nodes o WHERE o.id <> node_id AND o.queues ? q);
 
     -- (2) Admit and claim.
     RETURN QUERY
@@ -150,7 +165,9 @@ BEGIN
         LEFT JOIN rlocked l ON l.key = k.rkey
         LEFT JOIN rmint m ON m.rkey = k.rkey
     ), cand AS MATERIALIZED (
-        SELECT r.*, row_number() OVER (PARTITION BY r.rkey ORDER BY r.priority, r.scheduled_at, r.id) AS rrank
+        SELECT r.*, row_number() OVER (PARTITION BY r.rkey ORDER BY r.priority, r.scheduled_at, r.id) AS rrank,
+               count(*) FILTER (WHERE r.ckey IS NOT NULL)
+                   OVER (ORDER BY r.priority, r.scheduled_at, r.id) AS kn
         FROM ranked r LEFT JOIN gcap g ON g.ckey = r.ckey
         WHERE r.ckey IS NULL
            OR (r.gi IS NULL AND r.krank = 1 AND NOT r.k1busy AND NOT r.behind)
@@ -159,6 +176,7 @@ BEGIN
         SELECT c.id, c.priority, c.scheduled_at, c.ckey, c.gi, c.rkey, c.ri, c.attempt, a.fresh AS rfresh
         FROM cand c LEFT JOIN rallow a ON a.rkey = c.rkey
         WHERE (c.ri IS NULL OR c.rrank <= a.allowed)
+          AND (c.ckey IS NULL OR k_room IS NULL OR c.kn <= k_room)
           AND (c.ckey IS NULL OR c.gi IS NOT NULL OR claim_key(c.ckey))
         ORDER BY c.priority, c.scheduled_at, c.id
         LIMIT demand
