@@ -377,7 +377,11 @@ async fn a_node_sharing_its_queue_holds_no_more_keys_than_it_runs() {
     register("n2").await;
 
     let first = handoff(pool, &schema, json!([]), 12, false, &[]).await;
-    assert_eq!(keys_held().await, 3, "three keyed rows, as many as the node runs");
+    assert_eq!(
+        keys_held().await,
+        3,
+        "three keyed rows, as many as the node runs"
+    );
     assert_eq!(first.claimed.len(), 8, "and every keyless row: {first:?}");
     let second = handoff(pool, &schema, json!([]), 12, false, &[]).await;
     assert!(second.claimed.is_empty(), "no room for keys: {second:?}");
