@@ -292,7 +292,16 @@ def runner_command(system: str, work: Work, cli: Path | None) -> list | None:
     return {
         "gendurable": [cli, "workload"] if cli else None,
         "gendurable-py": [work.py, RUNNERS / "gendurable_py.py"],
-        "gendurable-ex": ["elixir", "-pa", work.ex_app / "ebin", RUNNERS / "gendurable_ex.exs"],
+        # Schedulers that sleep at once instead of spinning: on cores shared with
+        # PostgreSQL the spinning takes its CPU (bindings-elixir/README.md).
+        "gendurable-ex": [
+            "elixir",
+            "--erl",
+            "+sbwt none +sbwtdcpu none +sbwtdio none",
+            "-pa",
+            work.ex_app / "ebin",
+            RUNNERS / "gendurable_ex.exs",
+        ],
         "pgqueuer": [work.py, RUNNERS / "pgqueuer_runner.py"],
         "procrastinate": [work.py, RUNNERS / "procrastinate_runner.py"],
         "dbos": [work.py, RUNNERS / "dbos_runner.py"],
