@@ -113,14 +113,6 @@ impl Node {
         let sent = Instant::now();
         heartbeat::beat(&ctx, &ctx.store.pool).await?;
         live.renewed(sent);
-        // Rows still held under this node's id belong to a process that
-        // ended (this one has claimed nothing yet): a crash is an attempt.
-        maintenance::reap(&ctx, Some(&cfg.node_id)).await?;
-        // Counters minted under limits configured differently take this
-        // node's before it claims anything.
-        if let Err(e) = maintenance::reconcile_gates(&ctx).await {
-            tracing::warn!(error = %e, "reconciling gate counters at start failed; the next pass retries");
-        }
         let (tx, rx) = mpsc::unbounded_channel();
         let shared = Arc::new(Shared {
             rate_claimed: Notify::new(),
@@ -146,7 +138,7 @@ impl Node {
             prefetch: cfg
                 .queues
                 .iter()
-                .map(|(q, &n)| (q.clone(), Prefetch::new(cfg.prefetch_for(n))))
+                .map(|(q, &n)| (q.clone(), Prefetch::new(cfg.prefetch_for(n), n)))
                 .collect(),
             outcomes: tx,
             steps: TaskTracker::new(),
@@ -161,7 +153,20 @@ impl Node {
             check_lost: AtomicBool::new(true),
             ctx: ctx.clone(),
         });
-        claims::warm_up(&shared).await;
+        // Warm the claim path's connections (their first call plans the
+        // functions) while the start's maintenance runs: it claims nothing.
+        let ((), start) = tokio::join!(claims::warm_up(&shared), async {
+            // Rows still held under this node's id belong to a process that
+            // ended (this one has claimed nothing yet): a crash is an attempt.
+            maintenance::reap(&ctx, Some(&cfg.node_id)).await?;
+            // Counters minted under limits configured differently take this
+            // node's before it claims anything.
+            if let Err(e) = maintenance::reconcile_gates(&ctx).await {
+                tracing::warn!(error = %e, "reconciling gate counters at start failed; the next pass retries");
+            }
+            Ok::<(), crate::Error>(())
+        });
+        start?;
         let writer_stop = CancellationToken::new();
         let writer = tokio::spawn(completer::write_outcomes(
             shared.clone(),

@@ -14,6 +14,8 @@ const SAMPLE: Duration = Duration::from_millis(10);
 
 pub(crate) struct Prefetch {
     cap: usize,
+    /// The queue's running slots.
+    concurrency: usize,
     started: AtomicU64,
     estimate: Mutex<Estimate>,
     /// How long the queue's steps run, smoothed (microseconds).
@@ -49,9 +51,10 @@ struct Estimate {
 }
 
 impl Prefetch {
-    pub fn new(cap: u32) -> Prefetch {
+    pub fn new(cap: u32, concurrency: u32) -> Prefetch {
         Prefetch {
             cap: cap as usize,
+            concurrency: concurrency as usize,
             started: AtomicU64::new(0),
             estimate: Mutex::new(Estimate {
                 at: Instant::now(),
@@ -94,7 +97,16 @@ impl Prefetch {
             e.at = now;
             e.started = n;
         }
-        ((e.per_sec * HORIZON.as_secs_f64()).ceil() as usize).min(self.cap)
+        let by_rate = (e.per_sec * HORIZON.as_secs_f64()).ceil() as usize;
+        // What full slots would start within the horizon, from how long the
+        // steps take: the start rate alone only grows as fast as the claims
+        // that feed it, so a node starting on a backlog of fast steps took
+        // several round trips to claim ahead; this takes one.
+        let by_steps = match self.step_micros.get().as_micros() {
+            0 => 0,
+            us => (self.concurrency as u128 * HORIZON.as_micros() / us) as usize,
+        };
+        by_rate.max(by_steps).min(self.cap)
     }
 
     /// Of `free` claim permits (the queue has concurrency + cap in all), how
@@ -110,15 +122,26 @@ mod tests {
 
     #[test]
     fn an_idle_queue_claims_only_for_free_slots() {
-        let p = Prefetch::new(100);
+        let p = Prefetch::new(100, 10);
         // 10 slots free, 100 permits of look-ahead unused.
         assert_eq!(p.demand(110), 10);
         assert_eq!(p.demand(50), 0);
     }
 
     #[test]
+    fn fast_steps_claim_ahead_from_their_first_runs() {
+        let p = Prefetch::new(100, 10);
+        assert_eq!(p.demand(110), 10, "nothing ran yet");
+        p.ran(Duration::from_micros(5));
+        assert_eq!(p.demand(110), 110);
+        let slow = Prefetch::new(100, 10);
+        slow.ran(Duration::from_secs(1));
+        assert_eq!(slow.demand(110), 10, "one-second steps claim nothing ahead");
+    }
+
+    #[test]
     fn a_busy_queue_claims_ahead_up_to_the_cap() {
-        let p = Prefetch::new(100);
+        let p = Prefetch::new(100, 10);
         for _ in 0..100_000 {
             p.started();
         }
