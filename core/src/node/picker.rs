@@ -39,6 +39,13 @@ impl QueueWake {
     }
 
     pub(super) fn picked(&self, before: u64, wanted: usize, got: usize) {
+        if got >= wanted {
+            // A full pick may have locked rows past those it claimed (its
+            // window), which a pick running beside it skipped and came back
+            // short for: free again now, so that short pick proves nothing.
+            // Without this, a node with rows left slept until its next poll.
+            self.events.fetch_add(1, SeqCst);
+        }
         let dry = if got < wanted { before + 1 } else { 0 };
         self.dry_at.store(dry, SeqCst);
         self.short.store(got < wanted, SeqCst);
@@ -183,7 +190,25 @@ pub(super) fn is_race(code: Option<&str>, constraint: Option<&str>) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::is_race;
+    use super::{is_race, QueueWake};
+
+    #[test]
+    fn a_short_pick_beside_a_full_one_does_not_make_the_queue_dry() {
+        let w = QueueWake::default();
+        let short = w.before_pick();
+        let full = w.before_pick();
+        // The full pick locked a window past its claims; the short one,
+        // running meanwhile, skipped those rows. The full one ends first.
+        w.picked(full, 10, 10);
+        w.picked(short, 10, 3);
+        assert!(!w.is_dry());
+        // A short pick that started after the full one ended saw its rows.
+        let after = w.before_pick();
+        w.picked(after, 10, 3);
+        assert!(w.is_dry());
+        w.wake();
+        assert!(!w.is_dry(), "a wake-up may have made rows runnable");
+    }
 
     #[test]
     fn only_the_constraints_a_concurrent_pick_can_win_are_races() {
