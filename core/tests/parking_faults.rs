@@ -527,7 +527,9 @@ async fn rows_parked_behind_a_drifted_gate_run_once_it_is_reconciled() {
         .insert_many((0..20).map(|i| job("api:1", json!({ "i": i }))).collect())
         .await
         .unwrap();
-    assert_eq!(parked(&pool, &schema, "api:1").await.0, 17);
+    // The insert parks all but the gate's three head rows; the node's next
+    // pick, which may already have run, parks those too (no slot is left).
+    assert!(parked(&pool, &schema, "api:1").await.0 >= 17);
     support::eventually(
         "the node picked a few times",
         Duration::from_secs(60),
