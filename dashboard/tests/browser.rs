@@ -93,26 +93,37 @@ async fn browser(driver: &Driver) -> Client {
         .expect("a browser session")
 }
 
+/// The text of the first element matching `css`, once it shows.
 async fn text(c: &Client, css: &str) -> String {
-    c.wait()
-        .at_most(SHOWS)
-        .for_element(Locator::Css(css))
-        .await
-        .unwrap_or_else(|e| panic!("{css}: {e}"))
-        .text()
-        .await
-        .unwrap()
+    on_element(c, css, |e| async move { e.text().await }).await
 }
 
 async fn click(c: &Client, css: &str) {
-    c.wait()
-        .at_most(SHOWS)
-        .for_element(Locator::Css(css))
-        .await
-        .unwrap_or_else(|e| panic!("{css}: {e}"))
-        .click()
-        .await
-        .unwrap();
+    on_element(c, css, |e| async move { e.click().await }).await
+}
+
+/// Waits for `css` and runs `act` on it. The page reloads `main` on its own
+/// (every `refresh`): an element found just before a reload is stale when
+/// `act` reaches it, so it is looked up again, until `SHOWS` has passed.
+async fn on_element<T, F, Fut>(c: &Client, css: &str, act: F) -> T
+where
+    F: Fn(fantoccini::elements::Element) -> Fut,
+    Fut: std::future::Future<Output = Result<T, fantoccini::error::CmdError>>,
+{
+    let deadline = tokio::time::Instant::now() + SHOWS;
+    loop {
+        let found = c
+            .wait()
+            .at_most(SHOWS)
+            .for_element(Locator::Css(css))
+            .await
+            .unwrap_or_else(|e| panic!("{css}: {e}"));
+        match act(found).await {
+            Ok(v) => return v,
+            Err(e) if e.is_stale_element_reference() && tokio::time::Instant::now() < deadline => {}
+            Err(e) => panic!("{css}: {e}"),
+        }
+    }
 }
 
 /// Save a screenshot as `<GENDURABLE_SCREENSHOTS>/<name>.png`, if asked.
@@ -158,6 +169,12 @@ async fn an_operator_finds_why_an_instance_waits_and_acts_on_it() {
     form.set_by_name("key", "account:7").await.unwrap();
     form.set_by_name("status", "available").await.unwrap();
     form.submit().await.unwrap();
+    // The filtered page, not the one the form was on.
+    c.wait()
+        .at_most(SHOWS)
+        .for_element(Locator::Css("#filter input[name=key][value=\"account:7\"]"))
+        .await
+        .expect("the filtered page");
     let list = text(&c, "#instances").await;
     assert!(list.contains(&format!("#{waiter}")), "{list}");
     assert!(
