@@ -29,7 +29,6 @@ DECLARE
     w_at timestamptz[];
     w_key text[];
     w_rate text[];
-    w_attempt integer[];
     limited boolean;
     -- Rows to park for their key and for their rate limit.
     p_key bigint[];
@@ -39,14 +38,17 @@ DECLARE
     n_rate integer;
     -- Keyed rows this pick may claim (NULL: no cap).
     k_room integer;
+    -- The rows to claim, and the gate shard each takes.
+    c_id bigint[];
+    c_shard integer[];
 BEGIN
     -- (1) The window: the queue's next rows, locked. Parked rows are not in
     -- the index it walks.
     SELECT array_agg(w.id), array_agg(w.priority), array_agg(w.scheduled_at), array_agg(w.concurrency_key),
-           array_agg(w.rate_key), array_agg(w.attempt),
+           array_agg(w.rate_key),
            bool_or(w.concurrency_key IS NOT NULL OR w.rate_key IS NOT NULL)
-    INTO w_id, w_priority, w_at, w_key, w_rate, w_attempt, limited
-    FROM (SELECT i.id, i.priority, i.scheduled_at, i.concurrency_key, i.rate_key, i.attempt
+    INTO w_id, w_priority, w_at, w_key, w_rate, limited
+    FROM (SELECT i.id, i.priority, i.scheduled_at, i.concurrency_key, i.rate_key
           FROM instances i
           WHERE i.queue = q AND i.status = 'available' AND i.parked IS NULL AND i.node IS NULL
             AND i.workflow = ANY (wfs)
@@ -57,193 +59,182 @@ BEGIN
         RETURN;
     END IF;
 
-    -- A window without keys or rate limits admits every row: claim the
-    -- first `demand` straight away, by primary key, and there is nothing to
-    -- park. Keyless backlogs are the common case at high rates, and the
-    -- admission below (its sorts, counters and joins) cost them about a
-    -- fifth of the pick.
+    -- A window without keys or rate limits admits every row: its first
+    -- `demand` rows are claimed straight away, and there is nothing to park.
+    -- Keyless backlogs are the common case at high rates, and the admission
+    -- below (its sorts, counters and joins) cost them about a fifth of the pick.
     IF NOT limited THEN
-        RETURN QUERY
-        WITH claimed AS (
-            UPDATE instances i
-            SET status = 'executing', node = node_id, attempt = i.attempt + 1, attempted_at = now(),
-                gate_shard = NULL, token = i.token + 1
-            WHERE i.id = ANY (ARRAY(SELECT w.id FROM unnest(w_id, w_priority, w_at) AS w(id, priority, at)
-                                    ORDER BY w.priority, w.at, w.id
-                                    LIMIT demand))
-            RETURNING i.id, i.workflow, i.step, i.state, i.queue, i.priority, i.attempt, i.max_attempts,
-                      i.concurrency_key, i.gate_shard, i.rate_key, i.wake, i.token, i.scheduled_at
+        c_id := ARRAY(SELECT w.id FROM unnest(w_id, w_priority, w_at) AS w(id, priority, at)
+                      ORDER BY w.priority, w.at, w.id
+                      LIMIT demand);
+    ELSE
+        -- A node that shares the queue with another live node holds no more
+        -- keyed rows executing there than it runs at once: a key it claimed
+        -- ahead would wait on this node while another node's free slots could run
+        -- it (with 40 keys and two nodes of 20, the first to claim ahead took all
+        -- 40 and the other idled). Alone, a node claims keyed rows ahead too.
+        SELECT greatest((n.queues ->> q)::integer
+                        - (SELECT count(*) FROM instances e
+                           WHERE e.status = 'executing' AND e.node = node_id AND e.queue = q
+                             AND e.concurrency_key IS NOT NULL), 0)
+        INTO k_room
+        FROM nodes n
+        WHERE n.id = node_id AND EXISTS (SELECT 1 FROM nodes o WHERE o.id <> node_id AND o.queues ? q);
+
+        -- (2) Admit: choose the rows, debit their limits.
+        WITH win AS MATERIALIZED (
+            SELECT w.*,
+                   array_position(gate_names, split_part(w.ckey, ':', 1)) AS gi,
+                   array_position(rate_names, split_part(w.rkey, ':', 1)) AS ri
+            FROM unnest(w_id, w_priority, w_at, w_key, w_rate)
+                 AS w(id, priority, scheduled_at, ckey, rkey)
+        ), ranked AS MATERIALIZED (
+            SELECT w.*, row_number() OVER (PARTITION BY w.ckey ORDER BY w.priority, w.scheduled_at, w.id) AS krank,
+                   (w.ckey IS NOT NULL AND w.gi IS NULL
+                    AND EXISTS (SELECT 1 FROM instances e
+                                WHERE e.status = 'executing' AND e.gate_shard IS NULL
+                                  AND e.concurrency_key = w.ckey)) AS k1busy,
+                   -- A row of its key in this queue waits parked ahead of it (a
+                   -- row switched into the key, a rescued or signalled one, one
+                   -- that arrived before a row that sorts first): it waits its
+                   -- turn (parked below; the key's head is unparked instead).
+                   coalesce((f.priority, f.scheduled_at, f.id) < (w.priority, w.scheduled_at, w.id), false)
+                       AS behind
+            FROM win w
+            -- The key's first parked row in this queue, read in the parking
+            -- index's order (a bare EXISTS let a generic plan scan the table).
+            LEFT JOIN LATERAL (
+                SELECT p.priority, p.scheduled_at, p.id FROM instances p
+                WHERE p.concurrency_key = w.ckey AND p.status = 'available' AND p.parked = 'key'
+                  AND p.queue = q
+                ORDER BY p.priority, p.scheduled_at, p.id
+                LIMIT 1) f ON w.ckey IS NOT NULL
+        ), gkeys AS MATERIALIZED (
+            SELECT DISTINCT ckey, gi FROM ranked WHERE gi IS NOT NULL
+        ), shards AS MATERIALIZED (
+            SELECT s.key, s.shard, s.available FROM gate_slots s
+            WHERE s.key IN (SELECT ckey FROM gkeys) AND s.available > 0
+            ORDER BY s.key, s.shard
+            FOR UPDATE SKIP LOCKED
+        ), gmint AS MATERIALIZED (
+            SELECT k.ckey FROM gkeys k
+            WHERE NOT EXISTS (SELECT 1 FROM gate_slots s WHERE s.key = k.ckey)
+              AND may_mint_gate(k.ckey)
+        ), gcap AS MATERIALIZED (
+            SELECT k.ckey, k.gi, m.ckey IS NOT NULL AS fresh,
+                   CASE WHEN m.ckey IS NOT NULL THEN gate_limits[k.gi]
+                        ELSE coalesce((SELECT sum(s.available) FROM shards s WHERE s.key = k.ckey), 0)
+                   END AS cap
+            FROM gkeys k LEFT JOIN gmint m ON m.ckey = k.ckey
+        ), rkeys AS MATERIALIZED (
+            SELECT DISTINCT rkey, ri FROM ranked WHERE ri IS NOT NULL
+        ), rlocked AS MATERIALIZED (
+            SELECT rs.key, rs.tat FROM rate_state rs
+            WHERE rs.key IN (SELECT rkey FROM rkeys)
+            ORDER BY rs.key
+            FOR UPDATE SKIP LOCKED
+        ), rmint AS MATERIALIZED (
+            SELECT k.rkey FROM rkeys k
+            WHERE NOT EXISTS (SELECT 1 FROM rate_state rs WHERE rs.key = k.rkey)
+              AND may_mint_rate(k.rkey)
+        ), rallow AS MATERIALIZED (
+            -- GCRA: a start at t conforms while tat <= t + tolerance; each takes one interval.
+            SELECT k.rkey, m.rkey IS NOT NULL AS fresh,
+                   CASE WHEN m.rkey IS NOT NULL THEN floor(rate_tolerances[k.ri] / rate_intervals[k.ri] + 1e-9)::integer + 1
+                        WHEN l.key IS NULL THEN 0
+                        WHEN greatest(l.tat, now()) <= now() + make_interval(secs => rate_tolerances[k.ri])
+                        THEN floor((extract(epoch FROM now() - greatest(l.tat, now()))::float8 + rate_tolerances[k.ri])
+                                   / rate_intervals[k.ri] + 1e-9)::integer + 1
+                        ELSE 0
+                   END AS allowed
+            FROM rkeys k
+            LEFT JOIN rlocked l ON l.key = k.rkey
+            LEFT JOIN rmint m ON m.rkey = k.rkey
+        ), cand AS MATERIALIZED (
+            SELECT r.*, row_number() OVER (PARTITION BY r.rkey ORDER BY r.priority, r.scheduled_at, r.id) AS rrank,
+                   count(*) FILTER (WHERE r.ckey IS NOT NULL)
+                       OVER (ORDER BY r.priority, r.scheduled_at, r.id) AS kn
+            FROM ranked r LEFT JOIN gcap g ON g.ckey = r.ckey
+            WHERE r.ckey IS NULL
+               OR (r.gi IS NULL AND r.krank = 1 AND NOT r.k1busy AND NOT r.behind)
+               OR (r.gi IS NOT NULL AND r.krank <= g.cap AND NOT r.behind)
+        ), chosen AS MATERIALIZED (
+            SELECT c.id, c.priority, c.scheduled_at, c.ckey, c.gi, c.rkey, c.ri, a.fresh AS rfresh
+            FROM cand c LEFT JOIN rallow a ON a.rkey = c.rkey
+            WHERE (c.ri IS NULL OR c.rrank <= a.allowed)
+              AND (c.ckey IS NULL OR k_room IS NULL OR c.kn <= k_room)
+              AND (c.ckey IS NULL OR c.gi IS NOT NULL OR claim_key(c.ckey))
+            ORDER BY c.priority, c.scheduled_at, c.id
+            LIMIT demand
+        ), gpick AS (
+            SELECT c.id, c.ckey, c.gi, g.fresh,
+                   row_number() OVER (PARTITION BY c.ckey ORDER BY c.priority, c.scheduled_at, c.id) AS j
+            FROM chosen c JOIN gcap g ON g.ckey = c.ckey
+            WHERE c.gi IS NOT NULL
+        ), ranges AS (
+            SELECT s.key, s.shard, s.available,
+                   sum(s.available) OVER (PARTITION BY s.key ORDER BY s.shard) AS hi
+            FROM shards s
+        ), gassign AS MATERIALIZED (
+            -- Fresh keys spread round-robin over all shards; existing ones fill the
+            -- locked shards in order.
+            SELECT p.id, p.ckey, p.gi, p.fresh,
+                   CASE WHEN p.fresh THEN ((p.j - 1) % least(gate_shards[p.gi], gate_limits[p.gi]))::integer
+                        ELSE (SELECT r.shard FROM ranges r
+                              WHERE r.key = p.ckey AND p.j > r.hi - r.available AND p.j <= r.hi)
+                   END AS shard
+            FROM gpick p
+        ), minted AS (
+            INSERT INTO gate_slots (key, shard, capacity, available)
+            SELECT m.ckey, s.shard, cp.capacity,
+                   cp.capacity - (SELECT count(*) FROM gassign a WHERE a.ckey = m.ckey AND a.shard = s.shard)
+            FROM (SELECT DISTINCT ckey, gi FROM gassign WHERE fresh) m
+            CROSS JOIN LATERAL generate_series(0, least(gate_shards[m.gi], gate_limits[m.gi]) - 1) AS s(shard)
+            CROSS JOIN LATERAL (
+                SELECT (gate_limits[m.gi] / least(gate_shards[m.gi], gate_limits[m.gi])
+                        + CASE WHEN s.shard < gate_limits[m.gi] % least(gate_shards[m.gi], gate_limits[m.gi]) THEN 1 ELSE 0 END)::integer
+                       AS capacity) cp
+            ORDER BY 1, 2
+            RETURNING 1
+        ), debited AS (
+            -- New values come from the versions this statement locked (shards,
+            -- rlocked), never from the UPDATE's own scan: that scan reads the
+            -- statement snapshot, which may predate a credit committed before the lock.
+            UPDATE gate_slots s SET available = d.available - d.n
+            FROM (SELECT a.ckey, a.shard, sh.available, count(*)::integer AS n
+                  FROM gassign a JOIN shards sh ON sh.key = a.ckey AND sh.shard = a.shard
+                  WHERE NOT a.fresh GROUP BY 1, 2, 3) d
+            WHERE s.key = d.ckey AND s.shard = d.shard
+            RETURNING 1
+        ), rdebit AS (
+            SELECT rkey, ri, rfresh, count(*)::integer AS n FROM chosen WHERE ri IS NOT NULL GROUP BY 1, 2, 3
+        ), rminted AS (
+            INSERT INTO rate_state (key, tat)
+            SELECT rkey, now() + make_interval(secs => n * rate_intervals[ri]) FROM rdebit WHERE rfresh
+            ORDER BY 1
+            RETURNING 1
+        ), rdebited AS (
+            UPDATE rate_state rs SET tat = greatest(l.tat, now()) + make_interval(secs => d.n * rate_intervals[d.ri])
+            FROM rdebit d JOIN rlocked l ON l.key = d.rkey
+            WHERE NOT d.rfresh AND rs.key = d.rkey
+            RETURNING 1
         )
-        SELECT id, workflow, step, state, queue, priority, attempt, max_attempts, concurrency_key,
-               gate_shard, rate_key, wake, token
-        FROM claimed
-        ORDER BY priority, scheduled_at, id;
-        RETURN;
+        SELECT array_agg(c.id), array_agg(a.shard) INTO c_id, c_shard
+        FROM chosen c LEFT JOIN gassign a ON a.id = c.id;
     END IF;
 
-    -- A node that shares the queue with another live node holds no more
-    -- keyed rows executing there than it runs at once: a key it claimed
-    -- ahead would wait on this node while another node's free slots could run
-    -- it (with 40 keys and two nodes of 20, the first to claim ahead took all
-    -- 40 and the other idled). Alone, a node claims keyed rows ahead too.
-    SELECT greatest((n.queues ->> q)::integer
-                    - (SELECT count(*) FROM instances e
-                       WHERE e.status = 'executing' AND e.node = node_id AND e.queue = q
-                         AND e.concurrency_key IS NOT NULL), 0)
-    INTO k_room
-    FROM nodes n
-    WHERE n.id = node_id AND EXISTS (SELECT 1 FROM nodes o WHERE o.id <> node_id AND o.queues ? q);
-
-    -- (2) Admit and claim.
+    -- Claim the chosen rows, in pick order: the node starts the rows in the
+    -- order they come back.
     RETURN QUERY
-    WITH win AS MATERIALIZED (
-        SELECT w.*,
-               array_position(gate_names, split_part(w.ckey, ':', 1)) AS gi,
-               array_position(rate_names, split_part(w.rkey, ':', 1)) AS ri
-        FROM unnest(w_id, w_priority, w_at, w_key, w_rate, w_attempt)
-             AS w(id, priority, scheduled_at, ckey, rkey, attempt)
-    ), ranked AS MATERIALIZED (
-        SELECT w.*, row_number() OVER (PARTITION BY w.ckey ORDER BY w.priority, w.scheduled_at, w.id) AS krank,
-               (w.ckey IS NOT NULL AND w.gi IS NULL
-                AND EXISTS (SELECT 1 FROM instances e
-                            WHERE e.status = 'executing' AND e.gate_shard IS NULL
-                              AND e.concurrency_key = w.ckey)) AS k1busy,
-               -- A row of its key in this queue waits parked ahead of it (a
-               -- row switched into the key, a rescued or signalled one, one
-               -- that arrived before a row that sorts first): it waits its
-               -- turn (parked below; the key's head is unparked instead).
-               coalesce((f.priority, f.scheduled_at, f.id) < (w.priority, w.scheduled_at, w.id), false)
-                   AS behind
-        FROM win w
-        -- The key's first parked row in this queue, read in the parking
-        -- index's order (a bare EXISTS let a generic plan scan the table).
-        LEFT JOIN LATERAL (
-            SELECT p.priority, p.scheduled_at, p.id FROM instances p
-            WHERE p.concurrency_key = w.ckey AND p.status = 'available' AND p.parked = 'key'
-              AND p.queue = q
-            ORDER BY p.priority, p.scheduled_at, p.id
-            LIMIT 1) f ON w.ckey IS NOT NULL
-    ), gkeys AS MATERIALIZED (
-        SELECT DISTINCT ckey, gi FROM ranked WHERE gi IS NOT NULL
-    ), shards AS MATERIALIZED (
-        SELECT s.key, s.shard, s.available FROM gate_slots s
-        WHERE s.key IN (SELECT ckey FROM gkeys) AND s.available > 0
-        ORDER BY s.key, s.shard
-        FOR UPDATE SKIP LOCKED
-    ), gmint AS MATERIALIZED (
-        SELECT k.ckey FROM gkeys k
-        WHERE NOT EXISTS (SELECT 1 FROM gate_slots s WHERE s.key = k.ckey)
-          AND may_mint_gate(k.ckey)
-    ), gcap AS MATERIALIZED (
-        SELECT k.ckey, k.gi, m.ckey IS NOT NULL AS fresh,
-               CASE WHEN m.ckey IS NOT NULL THEN gate_limits[k.gi]
-                    ELSE coalesce((SELECT sum(s.available) FROM shards s WHERE s.key = k.ckey), 0)
-               END AS cap
-        FROM gkeys k LEFT JOIN gmint m ON m.ckey = k.ckey
-    ), rkeys AS MATERIALIZED (
-        SELECT DISTINCT rkey, ri FROM ranked WHERE ri IS NOT NULL
-    ), rlocked AS MATERIALIZED (
-        SELECT rs.key, rs.tat FROM rate_state rs
-        WHERE rs.key IN (SELECT rkey FROM rkeys)
-        ORDER BY rs.key
-        FOR UPDATE SKIP LOCKED
-    ), rmint AS MATERIALIZED (
-        SELECT k.rkey FROM rkeys k
-        WHERE NOT EXISTS (SELECT 1 FROM rate_state rs WHERE rs.key = k.rkey)
-          AND may_mint_rate(k.rkey)
-    ), rallow AS MATERIALIZED (
-        -- GCRA: a start at t conforms while tat <= t + tolerance; each takes one interval.
-        SELECT k.rkey, m.rkey IS NOT NULL AS fresh,
-               CASE WHEN m.rkey IS NOT NULL THEN floor(rate_tolerances[k.ri] / rate_intervals[k.ri] + 1e-9)::integer + 1
-                    WHEN l.key IS NULL THEN 0
-                    WHEN greatest(l.tat, now()) <= now() + make_interval(secs => rate_tolerances[k.ri])
-                    THEN floor((extract(epoch FROM now() - greatest(l.tat, now()))::float8 + rate_tolerances[k.ri])
-                               / rate_intervals[k.ri] + 1e-9)::integer + 1
-                    ELSE 0
-               END AS allowed
-        FROM rkeys k
-        LEFT JOIN rlocked l ON l.key = k.rkey
-        LEFT JOIN rmint m ON m.rkey = k.rkey
-    ), cand AS MATERIALIZED (
-        SELECT r.*, row_number() OVER (PARTITION BY r.rkey ORDER BY r.priority, r.scheduled_at, r.id) AS rrank,
-               count(*) FILTER (WHERE r.ckey IS NOT NULL)
-                   OVER (ORDER BY r.priority, r.scheduled_at, r.id) AS kn
-        FROM ranked r LEFT JOIN gcap g ON g.ckey = r.ckey
-        WHERE r.ckey IS NULL
-           OR (r.gi IS NULL AND r.krank = 1 AND NOT r.k1busy AND NOT r.behind)
-           OR (r.gi IS NOT NULL AND r.krank <= g.cap AND NOT r.behind)
-    ), chosen AS MATERIALIZED (
-        SELECT c.id, c.priority, c.scheduled_at, c.ckey, c.gi, c.rkey, c.ri, c.attempt, a.fresh AS rfresh
-        FROM cand c LEFT JOIN rallow a ON a.rkey = c.rkey
-        WHERE (c.ri IS NULL OR c.rrank <= a.allowed)
-          AND (c.ckey IS NULL OR k_room IS NULL OR c.kn <= k_room)
-          AND (c.ckey IS NULL OR c.gi IS NOT NULL OR claim_key(c.ckey))
-        ORDER BY c.priority, c.scheduled_at, c.id
-        LIMIT demand
-    ), gpick AS (
-        SELECT c.id, c.ckey, c.gi, g.fresh,
-               row_number() OVER (PARTITION BY c.ckey ORDER BY c.priority, c.scheduled_at, c.id) AS j
-        FROM chosen c JOIN gcap g ON g.ckey = c.ckey
-        WHERE c.gi IS NOT NULL
-    ), ranges AS (
-        SELECT s.key, s.shard, s.available,
-               sum(s.available) OVER (PARTITION BY s.key ORDER BY s.shard) AS hi
-        FROM shards s
-    ), gassign AS MATERIALIZED (
-        -- Fresh keys spread round-robin over all shards; existing ones fill the
-        -- locked shards in order.
-        SELECT p.id, p.ckey, p.gi, p.fresh,
-               CASE WHEN p.fresh THEN ((p.j - 1) % least(gate_shards[p.gi], gate_limits[p.gi]))::integer
-                    ELSE (SELECT r.shard FROM ranges r
-                          WHERE r.key = p.ckey AND p.j > r.hi - r.available AND p.j <= r.hi)
-               END AS shard
-        FROM gpick p
-    ), minted AS (
-        INSERT INTO gate_slots (key, shard, capacity, available)
-        SELECT m.ckey, s.shard, cp.capacity,
-               cp.capacity - (SELECT count(*) FROM gassign a WHERE a.ckey = m.ckey AND a.shard = s.shard)
-        FROM (SELECT DISTINCT ckey, gi FROM gassign WHERE fresh) m
-        CROSS JOIN LATERAL generate_series(0, least(gate_shards[m.gi], gate_limits[m.gi]) - 1) AS s(shard)
-        CROSS JOIN LATERAL (
-            SELECT (gate_limits[m.gi] / least(gate_shards[m.gi], gate_limits[m.gi])
-                    + CASE WHEN s.shard < gate_limits[m.gi] % least(gate_shards[m.gi], gate_limits[m.gi]) THEN 1 ELSE 0 END)::integer
-                   AS capacity) cp
-        ORDER BY 1, 2
-        RETURNING 1
-    ), debited AS (
-        -- New values come from the versions this statement locked (shards,
-        -- rlocked), never from the UPDATE's own scan: that scan reads the
-        -- statement snapshot, which may predate a credit committed before the lock.
-        UPDATE gate_slots s SET available = d.available - d.n
-        FROM (SELECT a.ckey, a.shard, sh.available, count(*)::integer AS n
-              FROM gassign a JOIN shards sh ON sh.key = a.ckey AND sh.shard = a.shard
-              WHERE NOT a.fresh GROUP BY 1, 2, 3) d
-        WHERE s.key = d.ckey AND s.shard = d.shard
-        RETURNING 1
-    ), rdebit AS (
-        SELECT rkey, ri, rfresh, count(*)::integer AS n FROM chosen WHERE ri IS NOT NULL GROUP BY 1, 2, 3
-    ), rminted AS (
-        INSERT INTO rate_state (key, tat)
-        SELECT rkey, now() + make_interval(secs => n * rate_intervals[ri]) FROM rdebit WHERE rfresh
-        ORDER BY 1
-        RETURNING 1
-    ), rdebited AS (
-        UPDATE rate_state rs SET tat = greatest(l.tat, now()) + make_interval(secs => d.n * rate_intervals[d.ri])
-        FROM rdebit d JOIN rlocked l ON l.key = d.rkey
-        WHERE NOT d.rfresh AND rs.key = d.rkey
-        RETURNING 1
-    ), claimed AS (
+    WITH claimed AS (
         UPDATE instances i
-        SET status = 'executing', node = node_id, attempt = c.attempt + 1, attempted_at = now(),
+        SET status = 'executing', node = node_id, attempt = i.attempt + 1, attempted_at = now(),
             gate_shard = c.shard, token = i.token + 1
-        FROM (SELECT array_agg(c.id) AS id, array_agg(c.attempt) AS attempt, array_agg(a.shard) AS shard
-              FROM chosen c LEFT JOIN gassign a ON a.id = c.id) agg
-        CROSS JOIN LATERAL unnest(agg.id, agg.attempt, agg.shard) AS c(id, attempt, shard)
+        FROM unnest(c_id, c_shard) AS c(id, shard)
         WHERE i.id = c.id
         RETURNING i.id, i.workflow, i.step, i.state, i.queue, i.priority, i.attempt, i.max_attempts,
                   i.concurrency_key, i.gate_shard, i.rate_key, i.wake, i.token, i.scheduled_at
     )
-    -- In pick order: the node starts the rows in the order they come back.
     SELECT id, workflow, step, state, queue, priority, attempt, max_attempts, concurrency_key,
            gate_shard, rate_key, wake, token
     FROM claimed
