@@ -224,14 +224,14 @@ BEGIN
     END IF;
 
     -- Claim the chosen rows, in pick order: the node starts the rows in the
-    -- order they come back.
+    -- order they come back. By primary key (`= ANY`); c_shard is NULL on the
+    -- keyless path, and a gate's chosen rows are few enough for array_position.
     RETURN QUERY
     WITH claimed AS (
         UPDATE instances i
         SET status = 'executing', node = node_id, attempt = i.attempt + 1, attempted_at = now(),
-            gate_shard = c.shard, token = i.token + 1
-        FROM unnest(c_id, c_shard) AS c(id, shard)
-        WHERE i.id = c.id
+            gate_shard = c_shard[array_position(c_id, i.id)], token = i.token + 1
+        WHERE i.id = ANY (c_id)
         RETURNING i.id, i.workflow, i.step, i.state, i.queue, i.priority, i.attempt, i.max_attempts,
                   i.concurrency_key, i.gate_shard, i.rate_key, i.wake, i.token, i.scheduled_at
     )
