@@ -46,6 +46,12 @@ def table(d: dict) -> str:
             lines.append(f"| {label} | {num(d, f'first5_{key}'):.1f} | {num(d, f'last5_{key}'):.1f} |")
     lines += [
         f"| {process} memory (RSS) MB | {num(d, 'rss_mb_first5'):.0f} | {num(d, 'rss_mb_last5'):.0f} |",
+    ]
+    if "heap_mb_first5" in d:
+        lines.append(
+            f"| {process} heap in use MB | {num(d, 'heap_mb_first5'):.0f} | {num(d, 'heap_mb_last5'):.0f} |"
+        )
+    lines += [
         f"| table MB (first, max, last) | {num(d, 'table_mb_first'):,.0f} "
         f"| {num(d, 'table_mb_max'):,.0f} / {num(d, 'table_mb_last'):,.0f} |",
         f"| indexes MB (first, max, last) | {num(d, 'indexes_mb_first'):,.0f} "
@@ -79,7 +85,10 @@ def chart(d: dict, path: Path) -> None:
         (lat, lat[0][1] if len(lat) == 1 else "latency p99 (ms)"),
         ([("backlog", "backlog")], "backlog (jobs)"),
         ([("table_mb", "table + indexes")], "table + indexes (MB)"),
-        ([("rss_mb", "RSS")], f"{d.get('process', 'node')} RSS (MB)"),
+        (
+            [(k, label) for k, label in [("rss_mb", "RSS"), ("heap_mb", "heap in use")] if k in s[0]],
+            f"{d.get('process', 'node')} memory (MB)",
+        ),
     ]
     fig, ax = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.2))
     for a, (series, title) in zip(ax, panels, strict=True):
@@ -88,8 +97,9 @@ def chart(d: dict, path: Path) -> None:
             a.plot(t, ys, label=label.split(" (")[0])
         a.set_title(title, fontsize=10)
         a.set_xlabel("minutes")
-        if len(series) > 1:  # latencies apart by orders of magnitude
+        if len(series) > 1:
             a.legend(fontsize=8)
+        if series is lat and len(series) > 1:  # latencies apart by orders of magnitude
             a.set_yscale("log")
         else:
             a.set_ylim(bottom=0)

@@ -39,6 +39,7 @@ struct Sample {
     live_rows: i64,
     autovacuums: i64,
     rss_mb: f64,
+    heap_mb: f64,
 }
 
 const SAMPLE: Duration = Duration::from_secs(10);
@@ -155,6 +156,8 @@ pub(crate) async fn run(node: &Node, shape: &Shape) -> Result<serde_json::Value>
         "indexes_mb_last": samples.last().map(|s| s.indexes_mb),
         "rss_mb_first5": mean(&first, |s| s.rss_mb),
         "rss_mb_last5": mean(&last, |s| s.rss_mb),
+        "heap_mb_first5": mean(&first, |s| s.heap_mb),
+        "heap_mb_last5": mean(&last, |s| s.heap_mb),
         "backlog_last": samples.last().map(|s| s.backlog),
         "index_mb_at_start": indexes_at_start,
         "index_mb_at_end": indexes_at_end,
@@ -264,6 +267,7 @@ async fn sample(
         live_rows: r.try_get(3)?,
         autovacuums: r.try_get(4)?,
         rss_mb: rss_mb(),
+        heap_mb: heap_mb(),
     })
 }
 
@@ -278,4 +282,17 @@ fn rss_mb() -> f64 {
                 .and_then(|kb| kb.parse::<f64>().ok())
         })
         .map_or(0.0, |kb| kb / 1024.0)
+}
+
+/// What the allocator has handed out and not had back (glibc; 0 elsewhere).
+/// RSS above it is memory freed but kept by the allocator for reuse.
+fn heap_mb() -> f64 {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        // SAFETY: mallinfo2 takes no arguments and only reads the allocator's counters.
+        let m = unsafe { libc::mallinfo2() };
+        (m.uordblks + m.hblkhd) as f64 / 1048576.0
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    0.0
 }
