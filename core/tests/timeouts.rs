@@ -139,6 +139,59 @@ async fn cancelling_an_executing_instance_stops_its_step() {
     engine.shutdown().await.unwrap();
 }
 
+/// The nodes hear of a cancellation on a channel; one sent while a node was
+/// not listening (starting, or reconnecting its LISTEN connection) is lost.
+/// Flagged in the row without a word on the channel, the cancellation still
+/// stops the step: the node looks for its running steps' cancellations with
+/// each heartbeat.
+#[tokio::test]
+async fn a_cancellation_the_node_did_not_hear_stops_its_step_at_a_heartbeat() {
+    let url = support::url();
+    let schema = support::schema("cancel_unheard");
+    let (started, mut starts) = mpsc::unbounded_channel();
+    let (dropped, mut drops) = mpsc::unbounded_channel();
+    let engine = support::builder(&url, &schema)
+        .queue("default", 2)
+        .heartbeat_interval(Duration::from_millis(200))
+        .workflow_fn("Forever", move |_, _, ctx| {
+            let guard = Dropped(dropped.clone(), ctx.id);
+            let started = started.clone();
+            async move {
+                let _ = started.send(ctx.id);
+                std::future::pending::<()>().await;
+                drop(guard);
+                unreachable!()
+            }
+        })
+        .start()
+        .await
+        .unwrap();
+    let id = engine
+        .insert(NewInstance::new("Forever", json!({})))
+        .await
+        .unwrap();
+    assert_eq!(starts.recv().await, Some(id));
+    // What `cancel` writes, without its notification.
+    sqlx::query(&format!(
+        "UPDATE \"{schema}\".instances SET cancel_requested = true,
+                errors = errors || jsonb_build_array(jsonb_build_object(
+                    'kind', 'cancel', 'message', 'unheard', 'at', now()))
+         WHERE id = $1"
+    ))
+    .bind(id)
+    .execute(engine.pool())
+    .await
+    .unwrap();
+    let dropped = tokio::time::timeout(Duration::from_secs(60), drops.recv())
+        .await
+        .expect("the step was stopped");
+    assert_eq!(dropped, Some(id), "the step's future was dropped");
+    let i = support::wait_final(&engine, id).await;
+    assert_eq!(i.status, Status::Cancelled);
+    assert_eq!(kinds(&i), ["cancel", "cancel"]);
+    engine.shutdown().await.unwrap();
+}
+
 #[tokio::test]
 async fn timeouts_are_checked_with_the_configuration() {
     let url = support::url();

@@ -73,6 +73,12 @@ pub(super) async fn heartbeats(sh: Arc<Shared>) {
                         }
                     }
                 }
+                if let Some(c) = conn.as_mut() {
+                    if let Err(e) = stop_cancelled_steps(&sh, c).await {
+                        tracing::warn!(error = %e, "checking for cancelled steps failed");
+                        conn = None;
+                    }
+                }
                 cfg.heartbeat_interval
             }
             failed => {
@@ -88,6 +94,20 @@ pub(super) async fn heartbeats(sh: Arc<Shared>) {
         // live heartbeat (`Node::stop` ends this task after the writer).
         tokio::time::sleep(pause).await;
     }
+}
+
+/// Stop the running steps whose instances were cancelled: the nodes hear of
+/// cancellations on a channel, and one sent while this node was not
+/// listening (starting, or its LISTEN connection reconnecting) is lost.
+async fn stop_cancelled_steps(sh: &Shared, conn: &mut sqlx::PgConnection) -> Result<()> {
+    let running: Vec<i64> = lock(&sh.running).keys().copied().collect();
+    if running.is_empty() {
+        return Ok(());
+    }
+    for id in sh.ctx.store.cancel_requested(&mut *conn, &running).await? {
+        sh.stop_cancelled(id);
+    }
+    Ok(())
 }
 
 /// Stop the running steps whose claim the database no longer holds for this

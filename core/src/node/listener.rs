@@ -1,6 +1,6 @@
 //! The LISTEN task: wake-ups from inserts, outcomes and other nodes.
 
-use super::{lock, Backoff, Shared, Stop};
+use super::{Backoff, Shared};
 use sqlx::postgres::PgListener;
 use std::sync::Arc;
 
@@ -58,14 +58,9 @@ pub(super) async fn listen(sh: Arc<Shared>) {
     }
 }
 
-/// An instance was cancelled: stop its step if it runs here. Its outcome,
-/// written as for any stopped step, records the cancellation.
+/// An instance was cancelled: stop its step if it runs here.
 fn cancelled(sh: &Shared, payload: &str) {
-    let Ok(id) = payload.parse::<i64>() else {
-        return;
-    };
-    if let Some(r) = lock(&sh.running).get(&id) {
-        tracing::debug!(id, "stopping a cancelled instance's step");
-        r.stop(Stop::Cancelled);
+    if let Ok(id) = payload.parse::<i64>() {
+        sh.stop_cancelled(id);
     }
 }

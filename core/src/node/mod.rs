@@ -276,6 +276,15 @@ where
 }
 
 impl Shared {
+    /// An instance was cancelled: stop its step if it runs here. Its outcome,
+    /// written as for any stopped step, records the cancellation.
+    fn stop_cancelled(&self, id: i64) {
+        if let Some(r) = lock(&self.running).get(&id) {
+            tracing::debug!(id, "stopping a cancelled instance's step");
+            r.stop(Stop::Cancelled);
+        }
+    }
+
     /// Update the successor bookkeeping; wakes the writer if rows are to be
     /// given back.
     fn successors<R>(&self, f: impl FnOnce(&mut Successors) -> R) -> R {

@@ -98,6 +98,18 @@ impl Store {
     }
 
     /// What the database says `node_id` holds: executing, or reserved.
+    /// Of `ids`, the instances whose cancellation was requested.
+    pub async fn cancel_requested<'e>(
+        &self,
+        exec: impl sqlx::PgExecutor<'e>,
+        ids: &[i64],
+    ) -> sqlx::Result<Vec<i64>> {
+        sqlx::query_scalar(&self.sql.cancel_requested)
+            .bind(ids)
+            .fetch_all(exec)
+            .await
+    }
+
     pub async fn held_by_node<'e>(
         &self,
         exec: impl sqlx::PgExecutor<'e>,

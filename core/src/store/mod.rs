@@ -72,7 +72,7 @@ queries! {
     // Periodic workflows.
     cron_register, cron_lock, cron_advance,
     // Claims and outcomes.
-    handoff, held_by_node,
+    handoff, held_by_node, cancel_requested,
     // The client.
     get, signal, signal_instance, cancel,
     // Operators' actions.
