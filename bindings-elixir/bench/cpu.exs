@@ -7,7 +7,7 @@
 # Also the context switches of the BEAM's threads, by thread name.
 #
 #   MIX_ENV=prod mix run bench/cpu.exs                 # N=20000 CONCURRENCY=20 ROUNDS=3
-#   MODE=ex ROUNDS=5 MIX_ENV=prod mix run bench/cpu.exs
+#   ONLY=ex ROUNDS=5 MIX_ENV=prod mix run bench/cpu.exs    # ONLY=rust or ex (the elixir script overwrites MODE)
 #
 # Uses DATABASE_URL (needs psql), or a throwaway PostgreSQL.
 
@@ -34,7 +34,7 @@ defmodule Bench.Cpu do
     n = String.to_integer(System.get_env("N", "20000"))
     c = String.to_integer(System.get_env("CONCURRENCY", "20"))
     rounds = String.to_integer(System.get_env("ROUNDS", "3"))
-    modes = if m = System.get_env("MODE"), do: [String.to_atom(m)], else: [:rust, :ex]
+    modes = if m = System.get_env("ONLY"), do: [String.to_existing_atom(m)], else: [:rust, :ex]
     {:ok, url, pg} = GenDurable.TempPostgres.url_or_start()
     :persistent_term.put(:bench_done, :counters.new(1, [:atomics]))
     :ets.new(:bench_records, [:public, :named_table, write_concurrency: true])
