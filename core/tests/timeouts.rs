@@ -101,14 +101,20 @@ async fn a_step_past_its_timeout_is_stopped_and_retried() {
     engine.shutdown().await.unwrap();
 }
 
-#[tokio::test]
-async fn cancelling_an_executing_instance_stops_its_step() {
-    let url = support::url();
-    let schema = support::schema("cancel_running");
+/// A node (heartbeat every `heartbeat`, if given) running one `Forever` instance,
+/// whose step never returns: the node, the instance, and a receiver told
+/// when the step's future is dropped.
+async fn running_forever(
+    schema: &str,
+    heartbeat: Option<Duration>,
+) -> (gendurable::Engine, i64, mpsc::UnboundedReceiver<i64>) {
     let (started, mut starts) = mpsc::unbounded_channel();
-    let (dropped, mut drops) = mpsc::unbounded_channel();
-    let engine = support::builder(&url, &schema)
-        .queue("default", 2)
+    let (dropped, drops) = mpsc::unbounded_channel();
+    let mut builder = support::builder(&support::url(), schema).queue("default", 2);
+    if let Some(h) = heartbeat {
+        builder = builder.heartbeat_interval(h);
+    }
+    let engine = builder
         .workflow_fn("Forever", move |_, _, ctx| {
             let guard = Dropped(dropped.clone(), ctx.id);
             let started = started.clone();
@@ -127,16 +133,31 @@ async fn cancelling_an_executing_instance_stops_its_step() {
         .await
         .unwrap();
     assert_eq!(starts.recv().await, Some(id));
-    assert_eq!(engine.cancel(id).await.unwrap(), Cancelled::AtOutcome);
-    assert_eq!(
-        drops.recv().await,
-        Some(id),
-        "the step's future was dropped"
-    );
+    (engine, id, drops)
+}
+
+/// The step of `id` was stopped and its outcome records the cancellation.
+async fn stopped_as_cancelled(
+    engine: gendurable::Engine,
+    id: i64,
+    mut drops: mpsc::UnboundedReceiver<i64>,
+) {
+    let dropped = tokio::time::timeout(Duration::from_secs(60), drops.recv())
+        .await
+        .expect("the step was stopped");
+    assert_eq!(dropped, Some(id), "the step's future was dropped");
     let i = support::wait_final(&engine, id).await;
     assert_eq!(i.status, Status::Cancelled);
     assert_eq!(kinds(&i), ["cancel", "cancel"]);
     engine.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn cancelling_an_executing_instance_stops_its_step() {
+    let schema = support::schema("cancel_running");
+    let (engine, id, drops) = running_forever(&schema, None).await;
+    assert_eq!(engine.cancel(id).await.unwrap(), Cancelled::AtOutcome);
+    stopped_as_cancelled(engine, id, drops).await;
 }
 
 /// The nodes hear of a cancellation on a channel; one sent while a node was
@@ -146,31 +167,8 @@ async fn cancelling_an_executing_instance_stops_its_step() {
 /// each heartbeat.
 #[tokio::test]
 async fn a_cancellation_the_node_did_not_hear_stops_its_step_at_a_heartbeat() {
-    let url = support::url();
     let schema = support::schema("cancel_unheard");
-    let (started, mut starts) = mpsc::unbounded_channel();
-    let (dropped, mut drops) = mpsc::unbounded_channel();
-    let engine = support::builder(&url, &schema)
-        .queue("default", 2)
-        .heartbeat_interval(Duration::from_millis(200))
-        .workflow_fn("Forever", move |_, _, ctx| {
-            let guard = Dropped(dropped.clone(), ctx.id);
-            let started = started.clone();
-            async move {
-                let _ = started.send(ctx.id);
-                std::future::pending::<()>().await;
-                drop(guard);
-                unreachable!()
-            }
-        })
-        .start()
-        .await
-        .unwrap();
-    let id = engine
-        .insert(NewInstance::new("Forever", json!({})))
-        .await
-        .unwrap();
-    assert_eq!(starts.recv().await, Some(id));
+    let (engine, id, drops) = running_forever(&schema, Some(Duration::from_millis(200))).await;
     // What `cancel` writes, without its notification.
     sqlx::query(&format!(
         "UPDATE \"{schema}\".instances SET cancel_requested = true,
@@ -182,14 +180,7 @@ async fn a_cancellation_the_node_did_not_hear_stops_its_step_at_a_heartbeat() {
     .execute(engine.pool())
     .await
     .unwrap();
-    let dropped = tokio::time::timeout(Duration::from_secs(60), drops.recv())
-        .await
-        .expect("the step was stopped");
-    assert_eq!(dropped, Some(id), "the step's future was dropped");
-    let i = support::wait_final(&engine, id).await;
-    assert_eq!(i.status, Status::Cancelled);
-    assert_eq!(kinds(&i), ["cancel", "cancel"]);
-    engine.shutdown().await.unwrap();
+    stopped_as_cancelled(engine, id, drops).await;
 }
 
 #[tokio::test]
