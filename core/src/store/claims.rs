@@ -97,7 +97,6 @@ impl Store {
             .await
     }
 
-    /// What the database says `node_id` holds: executing, or reserved.
     /// Of `ids`, the instances whose cancellation was requested.
     pub async fn cancel_requested<'e>(
         &self,
@@ -110,6 +109,7 @@ impl Store {
             .await
     }
 
+    /// What the database says `node_id` holds: executing, or reserved.
     pub async fn held_by_node<'e>(
         &self,
         exec: impl sqlx::PgExecutor<'e>,
