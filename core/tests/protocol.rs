@@ -46,6 +46,19 @@ async fn handoff(
     reserve: bool,
     unreserve: &[(i64, i64)],
 ) -> Call {
+    handoff_as(pool, schema, NODE, outcomes, demand, reserve, unreserve).await
+}
+
+/// `handoff` for node `node`.
+async fn handoff_as(
+    pool: &PgPool,
+    schema: &str,
+    node: &str,
+    outcomes: Value,
+    demand: i32,
+    reserve: bool,
+    unreserve: &[(i64, i64)],
+) -> Call {
     let (ids, tokens): (Vec<i64>, Vec<i64>) = unreserve.iter().copied().unzip();
     let (queues, demands): (Vec<&str>, Vec<i32>) = match demand {
         0 => (vec![], vec![]),
@@ -57,7 +70,7 @@ async fn handoff(
                                  '{{Job}}', '{{api}}', '{{2}}', '{{1}}', '{{}}', '{{}}', '{{}}')"
     ))
     .bind(outcomes)
-    .bind(NODE)
+    .bind(node)
     .bind(&queues)
     .bind(&demands)
     .bind(vec![false; queues.len()])
@@ -342,56 +355,106 @@ async fn the_reaper_frees_claims_and_reservations_of_the_dead_at_once() {
     );
 }
 
-/// Keyed rows a node claims ahead wait on that node while another node's
-/// slots could run them: sharing a queue with another live node, a node
-/// holds no more keyed rows executing there than it runs at once, and claims
-/// keyless rows ahead as before. Alone, it claims keyed rows ahead too.
-#[tokio::test]
-async fn a_node_sharing_its_queue_holds_no_more_keys_than_it_runs() {
-    let (engine, schema) = engine("share").await;
-    let pool = engine.pool();
-    let keyed: Vec<NewInstance> = (0..10)
+/// Two nodes of 3 slots share the default queue, in which `keys` keys of
+/// one row each and `plain` keyless rows wait.
+async fn shared_queue(prefix: &str, keys: usize, plain: usize) -> (Engine, String) {
+    let (engine, schema) = engine(prefix).await;
+    let keyed: Vec<NewInstance> = (0..keys)
         .map(|k| NewInstance::new("Job", json!({})).concurrency_key(format!("acct:{k}")))
         .collect();
     engine.insert_many(keyed).await.unwrap();
-    let plain: Vec<NewInstance> = (0..5).map(|_| NewInstance::new("Job", json!({}))).collect();
-    engine.insert_many(plain).await.unwrap();
-    let register = |id: &'static str| {
-        let sql = format!(
+    let rows: Vec<NewInstance> = (0..plain)
+        .map(|_| NewInstance::new("Job", json!({})))
+        .collect();
+    engine.insert_many(rows).await.unwrap();
+    for id in [NODE, "n2"] {
+        sqlx::query(&format!(
             "INSERT INTO \"{schema}\".nodes (id, hostname, pid, queues)
              VALUES ($1, 'h', 1, '{{\"default\": 3}}')"
-        );
-        async move { sqlx::query(&sql).bind(id).execute(pool).await.unwrap() }
-    };
-    let keys_held = || async {
-        sqlx::query_scalar::<_, i64>(&format!(
-            "SELECT count(*) FROM \"{schema}\".instances
-             WHERE status = 'executing' AND node = $1 AND concurrency_key IS NOT NULL"
         ))
-        .bind(NODE)
-        .fetch_one(pool)
+        .bind(id)
+        .execute(engine.pool())
         .await
-        .unwrap()
-    };
-    register(NODE).await;
-    register("n2").await;
+        .unwrap();
+    }
+    (engine, schema)
+}
+
+/// The keyed rows `node` holds executing.
+async fn keys_held(pool: &PgPool, schema: &str, node: &str) -> i64 {
+    sqlx::query_scalar(&format!(
+        "SELECT count(*) FROM \"{schema}\".instances
+         WHERE status = 'executing' AND node = $1 AND concurrency_key IS NOT NULL"
+    ))
+    .bind(node)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// Keyed rows a node claims ahead wait on that node while another node's
+/// slots could run them: with no more keys than the nodes have slots, a node
+/// sharing its queue holds no more keyed rows executing there than it runs
+/// at once, and claims keyless rows ahead as before. Alone, it claims keyed
+/// rows ahead too.
+#[tokio::test]
+async fn a_node_sharing_its_queue_holds_no_more_keys_than_it_runs() {
+    let (engine, schema) = shared_queue("share", 5, 5).await;
+    let pool = engine.pool();
 
     let first = handoff(pool, &schema, json!([]), 12, false, &[]).await;
     assert_eq!(
-        keys_held().await,
+        keys_held(pool, &schema, NODE).await,
         3,
-        "three keyed rows, as many as the node runs"
+        "as many keys as the node runs"
     );
     assert_eq!(first.claimed.len(), 8, "and every keyless row: {first:?}");
     let second = handoff(pool, &schema, json!([]), 12, false, &[]).await;
     assert!(second.claimed.is_empty(), "no room for keys: {second:?}");
+    let other = handoff_as(pool, &schema, "n2", json!([]), 12, false, &[]).await;
+    assert_eq!(
+        other.claimed.len(),
+        2,
+        "the other node runs the rest: {other:?}"
+    );
 
-    // The other node is gone: the rest of the keys are claimed ahead.
-    sqlx::query(&format!("DELETE FROM \"{schema}\".nodes WHERE id = 'n2'"))
-        .execute(pool)
-        .await
-        .unwrap();
+    // The other node is gone, and its keys are back: they are claimed ahead.
+    sqlx::raw_sql(&format!(
+        "UPDATE \"{schema}\".instances SET status = 'available', node = NULL WHERE node = 'n2';
+         DELETE FROM \"{schema}\".nodes WHERE id = 'n2'"
+    ))
+    .execute(pool)
+    .await
+    .unwrap();
     let alone = handoff(pool, &schema, json!([]), 12, false, &[]).await;
-    assert_eq!(alone.claimed.len(), 7, "{alone:?}");
-    assert_eq!(keys_held().await, 10);
+    assert_eq!(alone.claimed.len(), 2, "{alone:?}");
+    assert_eq!(keys_held(pool, &schema, NODE).await, 5);
+}
+
+/// With more keys than the nodes have slots, a node sharing its queue claims
+/// keyed rows ahead up to its share of the keys (so that its slots do not
+/// wait a round trip between one key's rows), and leaves the rest to the
+/// other nodes.
+#[tokio::test]
+async fn a_node_sharing_its_queue_claims_its_share_of_many_keys_ahead() {
+    let (engine, schema) = shared_queue("share_many", 12, 0).await;
+    let pool = engine.pool();
+
+    let first = handoff(pool, &schema, json!([]), 20, false, &[]).await;
+    assert_eq!(
+        keys_held(pool, &schema, NODE).await,
+        6,
+        "half of the keys: {first:?}"
+    );
+    let second = handoff(pool, &schema, json!([]), 20, false, &[]).await;
+    assert!(
+        second.claimed.is_empty(),
+        "no more than its share: {second:?}"
+    );
+    handoff_as(pool, &schema, "n2", json!([]), 20, false, &[]).await;
+    assert_eq!(
+        keys_held(pool, &schema, "n2").await,
+        6,
+        "the other half for the other node"
+    );
 }
