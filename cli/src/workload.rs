@@ -92,26 +92,34 @@ pub async fn run(args: Args) -> Result<()> {
     if nodes > 1 && !matches!(args.workload.as_str(), "w1" | "w2" | "w3" | "w5") {
         bail!("--nodes is for w1, w2, w3 and w5, not {}", args.workload);
     }
-    let out = match args.workload.as_str() {
-        "w1" => w1(&node, args.jobs.unwrap_or(20_000), nodes).await?,
+    let out = workload(&args, &node, nodes).await;
+    drop_scratch(&node.url).await;
+    println!("{}", out?);
+    Ok(())
+}
+
+/// Run the workload `args` names with the first of `nodes` nodes here.
+async fn workload(args: &Args, node: &Node, nodes: u32) -> Result<serde_json::Value> {
+    Ok(match args.workload.as_str() {
+        "w1" => w1(node, args.jobs.unwrap_or(20_000), nodes).await?,
         "w2" => {
             let n = args.jobs.unwrap_or(10_000);
             let make = |i| NewInstance::new("Job", json!({})).concurrency_key(("acct", i % 100));
-            timed_run(&node, "w2", n, nodes, &args.record, make).await?
+            timed_run(node, "w2", n, nodes, &args.record, make).await?
         }
         "w3" => {
             let n = args.jobs.unwrap_or(2_000);
             let make = |_| NewInstance::new("Job", json!({})).concurrency_key("api:1");
-            timed_run(&node, "w3", n, nodes, &args.record, make).await?
+            timed_run(node, "w3", n, nodes, &args.record, make).await?
         }
-        "w4" => w4(&node, args.jobs.unwrap_or(500)).await?,
+        "w4" => w4(node, args.jobs.unwrap_or(500)).await?,
         "soak" => {
             let shape = crate::soak::Shape {
                 minutes: args.minutes,
                 rate: args.rate,
                 history: args.history,
             };
-            crate::soak::run(&node, &shape).await?
+            crate::soak::run(node, &shape).await?
         }
         "w5" => {
             let shape = crate::w5::Shape {
@@ -120,16 +128,14 @@ pub async fn run(args: Args) -> Result<()> {
                 hold: Duration::from_secs_f64(args.hold.max(0.0)),
                 nodes: args.nodes.max(1),
             };
-            crate::w5::run(&node, &shape, &args.record).await?
+            crate::w5::run(node, &shape, &args.record).await?
         }
         "raw" => {
             let n = args.jobs.unwrap_or(20_000);
             raw(&node.url, args.concurrency, n, args.batch).await?
         }
         other => bail!("unknown workload {other:?}: expected w1, w2, w3, w4, w5, soak or raw"),
-    };
-    println!("{out}");
-    Ok(())
+    })
 }
 
 /// A precise sleep for the benchmark's steps: tokio's timer rounds up to the
@@ -152,8 +158,41 @@ pub(crate) fn now_ns() -> u128 {
         .unwrap_or(0)
 }
 
+/// The schemas (and the raw loop's table) this run created, dropped as it
+/// ends so that runs against a database of one's own leave nothing behind.
+static SCRATCH: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+/// A fresh name for a run's schema, or the raw loop's table.
 pub(crate) fn schema() -> String {
-    format!("workload_{:08x}", rand::random::<u32>())
+    let name = format!("workload_{:08x}", rand::random::<u32>());
+    SCRATCH
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push(name.clone());
+    name
+}
+
+/// Drop what this run created (a failure is only reported: the run's
+/// result stands).
+async fn drop_scratch(url: &str) {
+    let names = std::mem::take(&mut *SCRATCH.lock().unwrap_or_else(|p| p.into_inner()));
+    if names.is_empty() {
+        return;
+    }
+    let dropped = async {
+        let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(url).await?;
+        for name in &names {
+            sqlx::raw_sql(&format!(
+                "DROP SCHEMA IF EXISTS \"{name}\" CASCADE; DROP TABLE IF EXISTS \"{name}\""
+            ))
+            .execute(&mut conn)
+            .await?;
+        }
+        Ok::<_, sqlx::Error>(())
+    };
+    if let Err(e) = dropped.await {
+        eprintln!("could not drop the run's schemas {names:?}: {e}");
+    }
 }
 
 pub(crate) fn bar(what: &str, n: usize) -> Result<ProgressBar> {
