@@ -13,7 +13,6 @@ mod demo;
 mod echo;
 mod soak;
 mod status;
-mod trim;
 mod w5;
 mod workload;
 
@@ -283,7 +282,6 @@ where
         )
         .with_writer(std::io::stderr)
         .try_init();
-    trim::start();
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
