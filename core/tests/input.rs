@@ -225,9 +225,10 @@ async fn insert_many_ten_thousand_in_one_call() {
     );
 }
 
-/// A large batch due now goes in by COPY: text that COPY's format escapes
-/// (backslashes, tabs, newlines) reads back exactly, and ids stay distinct and
-/// in order beside single inserts made at the same time.
+/// A large batch due now goes in by COPY (sent in pieces of 256 KiB that cut
+/// through rows): text that COPY's format escapes (backslashes, tabs,
+/// newlines) reads back exactly in every row, and ids stay distinct and in
+/// order beside single inserts made at the same time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn large_batches_keep_every_byte_and_their_order() {
     let schema = support::schema("copy");
@@ -270,6 +271,18 @@ async fn large_batches_keep_every_byte_and_their_order() {
         assert_eq!(got.concurrency_key, Some(format!("acct\t{}\\\\N", i % 7)));
         assert_eq!(got.priority, (i % 10) as i16);
         assert_eq!(got.status, Status::Available);
+    }
+    let states: Vec<serde_json::Value> = sqlx::query_scalar(&format!(
+        "SELECT state FROM \"{schema}\".instances WHERE id = ANY($1) ORDER BY id"
+    ))
+    .bind(&batch)
+    .fetch_all(engine.pool())
+    .await
+    .unwrap();
+    assert_eq!(states.len(), 5_000);
+    for (i, state) in states.iter().enumerate() {
+        assert_eq!(state["i"], json!(i), "row {i}");
+        assert_eq!(state["text"], json!(odd), "row {i}");
     }
 }
 

@@ -318,6 +318,9 @@ fn claimed_here(rows: &Rows, i: usize) -> Claimed {
     }
 }
 
+/// The most `COPY` data sent in one message.
+const COPY_PIECE: usize = 256 * 1024;
+
 /// Insert rows due now with `COPY`, in one transaction: ids drawn from the
 /// table's sequence first (so they come back in order), the rows copied with
 /// them, the queues woken on commit.
@@ -352,7 +355,12 @@ pub(crate) async fn copy(ctx: &Context, pool: &PgPool, rows: Rows) -> Result<Vec
         let _ = writeln!(data, "{}\tavailable\t{parked}", rows.max_attempts[i]);
     }
     let mut copy = tx.copy_in_raw(&ctx.store.sql.copy_in).await?;
-    copy.send(data.into_bytes()).await?;
+    // In pieces: a connection keeps its write buffer at the largest message
+    // it ever sent, so one message of a large batch (tens of MB after a
+    // producer's catch-up) stayed allocated on a pooled connection for good.
+    for piece in data.as_bytes().chunks(COPY_PIECE) {
+        copy.send(piece).await?;
+    }
     copy.finish().await?;
     let queues: Vec<&String> = rows
         .queue
