@@ -392,6 +392,16 @@ async fn keys_held(pool: &PgPool, schema: &str, node: &str) -> i64 {
     .unwrap()
 }
 
+/// Claims for the node until it holds `keys` keyed rows and a call with
+/// `demand` claims nothing more. Returns the first call.
+async fn claim_until_full(pool: &PgPool, schema: &str, demand: i32, keys: i64) -> Call {
+    let first = handoff(pool, schema, json!([]), demand, false, &[]).await;
+    assert_eq!(keys_held(pool, schema, NODE).await, keys, "{first:?}");
+    let second = handoff(pool, schema, json!([]), demand, false, &[]).await;
+    assert!(second.claimed.is_empty(), "no room for keys: {second:?}");
+    first
+}
+
 /// Keyed rows a node claims ahead wait on that node while another node's
 /// slots could run them: with no more keys than the nodes have slots, a node
 /// sharing its queue holds no more keyed rows executing there than it runs
@@ -402,15 +412,9 @@ async fn a_node_sharing_its_queue_holds_no_more_keys_than_it_runs() {
     let (engine, schema) = shared_queue("share", 5, 5).await;
     let pool = engine.pool();
 
-    let first = handoff(pool, &schema, json!([]), 12, false, &[]).await;
-    assert_eq!(
-        keys_held(pool, &schema, NODE).await,
-        3,
-        "as many keys as the node runs"
-    );
+    // As many keys as the node runs.
+    let first = claim_until_full(pool, &schema, 12, 3).await;
     assert_eq!(first.claimed.len(), 8, "and every keyless row: {first:?}");
-    let second = handoff(pool, &schema, json!([]), 12, false, &[]).await;
-    assert!(second.claimed.is_empty(), "no room for keys: {second:?}");
     let other = handoff_as(pool, &schema, "n2", json!([]), 12, false, &[]).await;
     assert_eq!(
         other.claimed.len(),
@@ -440,17 +444,8 @@ async fn a_node_sharing_its_queue_claims_its_share_of_many_keys_ahead() {
     let (engine, schema) = shared_queue("share_many", 12, 0).await;
     let pool = engine.pool();
 
-    let first = handoff(pool, &schema, json!([]), 20, false, &[]).await;
-    assert_eq!(
-        keys_held(pool, &schema, NODE).await,
-        6,
-        "half of the keys: {first:?}"
-    );
-    let second = handoff(pool, &schema, json!([]), 20, false, &[]).await;
-    assert!(
-        second.claimed.is_empty(),
-        "no more than its share: {second:?}"
-    );
+    // Half of the keys.
+    claim_until_full(pool, &schema, 20, 6).await;
     handoff_as(pool, &schema, "n2", json!([]), 20, false, &[]).await;
     assert_eq!(
         keys_held(pool, &schema, "n2").await,
