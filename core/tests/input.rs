@@ -225,7 +225,7 @@ async fn insert_many_ten_thousand_in_one_call() {
     );
 }
 
-/// A large batch due now goes in by COPY (sent in pieces of 256 KiB that cut
+/// A large batch due now goes in by COPY (sent in pieces of 1 MiB that cut
 /// through rows): text that COPY's format escapes (backslashes, tabs,
 /// newlines) reads back exactly in every row, and ids stay distinct and in
 /// order beside single inserts made at the same time.
@@ -238,7 +238,7 @@ async fn large_batches_keep_every_byte_and_their_order() {
         .map(|i| {
             NewInstance::new(
                 "W",
-                json!({ "i": i, "text": odd, "nested": { "a": [1, "\\N"] } }),
+                json!({ "i": i, "text": odd, "pad": odd.repeat(8), "nested": { "a": [1, "\\N"] } }),
             )
             .concurrency_key(format!("acct\t{}\\{}", i % 7, "\\N"))
             .priority((i % 10) as i16)
@@ -283,6 +283,7 @@ async fn large_batches_keep_every_byte_and_their_order() {
     for (i, state) in states.iter().enumerate() {
         assert_eq!(state["i"], json!(i), "row {i}");
         assert_eq!(state["text"], json!(odd), "row {i}");
+        assert_eq!(state["pad"], json!(odd.repeat(8)), "row {i}");
     }
 }
 

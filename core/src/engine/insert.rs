@@ -319,7 +319,7 @@ fn claimed_here(rows: &Rows, i: usize) -> Claimed {
 }
 
 /// The most `COPY` data sent in one message.
-const COPY_PIECE: usize = 256 * 1024;
+const COPY_PIECE: usize = 1024 * 1024;
 
 /// Insert rows due now with `COPY`, in one transaction: ids drawn from the
 /// table's sequence first (so they come back in order), the rows copied with
