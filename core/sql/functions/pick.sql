@@ -75,12 +75,12 @@ BEGIN
         -- key it claimed ahead waits on it while another node's free slots
         -- could run it (with 40 keys and two nodes of 20, the first to claim
         -- ahead took all 40 and the other idled), and keys stick to the node
-        -- that runs them (handoff hands a freed key to its next row); but with more keys than slots,
-        -- a node that holds only what it runs leaves each slot idle for a
-        -- round trip between a key's rows. Alone, a node claims keyed rows
-        -- ahead too.
-        -- The keyed rows executing are read through the keys' own indexes:
-        -- a few per key, where the node's index also holds its keyless rows.
+        -- that runs them (handoff hands a freed key to its next row); but
+        -- with more keys than slots, a node that holds only what it runs
+        -- leaves each slot idle for a round trip between a key's rows. Alone,
+        -- a node claims keyed rows ahead too. The keyed rows executing are
+        -- read through the keys' own indexes: a few per key, where the node's
+        -- index also holds its keyless rows.
         SELECT greatest(greatest(s.own, ceil((s.free + s.held)::numeric * s.own / nullif(s.total, 0))::integer)
                         - s.mine, 0)
         INTO k_room
