@@ -78,30 +78,31 @@ BEGIN
         -- that runs them (handoff hands a freed key to its next row); but
         -- with more keys than slots, a node that holds only what it runs
         -- leaves each slot idle for a round trip between a key's rows. Alone,
-        -- a node claims keyed rows ahead too. The keyed rows executing are
-        -- read through the keys' own indexes: a few per key, where the node's
-        -- index also holds its keyless rows.
-        SELECT greatest(greatest(s.own, ceil((s.free + s.held)::numeric * s.own / nullif(s.total, 0))::integer)
-                        - s.mine, 0)
-        INTO k_room
-        FROM (SELECT (n.queues ->> q)::integer AS own, sum((o.queues ->> q)::integer) AS total,
-                     count(*) AS nodes, coalesce(sum(h.n), 0) AS held,
-                     coalesce(sum(h.n) FILTER (WHERE o.id = node_id), 0) AS mine,
-                     (SELECT count(DISTINCT k) FROM unnest(w_key) k) AS free
-              FROM nodes n
-              JOIN nodes o ON o.queues ? q
-              LEFT JOIN (
-                  SELECT e.node, count(*) AS n
-                  FROM (SELECT k.node, k.queue FROM instances k
-                        WHERE k.status = 'executing' AND k.concurrency_key IS NOT NULL AND k.gate_shard IS NULL
-                        UNION ALL
-                        SELECT g.node, g.queue FROM instances g
-                        WHERE g.status = 'executing' AND g.gate_shard IS NOT NULL) e
-                  WHERE e.queue = q
-                  GROUP BY e.node) h ON h.node = o.id
-              WHERE n.id = node_id
-              GROUP BY n.queues) s
-        WHERE s.nodes > 1;
+        -- a node claims keyed rows ahead and counts nothing. The keyed rows
+        -- executing are read through the keys' own indexes: a few per key,
+        -- where the node's index also holds its keyless rows.
+        IF EXISTS (SELECT 1 FROM nodes o WHERE o.id <> node_id AND o.queues ? q) THEN
+            SELECT greatest(s.own - s.mine,
+                            ceil((s.free + s.held)::numeric * s.own / nullif(s.total, 0))::integer - s.mine, 0)
+            INTO k_room
+            FROM (SELECT (n.queues ->> q)::integer AS own, sum((o.queues ->> q)::integer) AS total,
+                         coalesce(sum(h.n), 0) AS held,
+                         coalesce(sum(h.n) FILTER (WHERE o.id = node_id), 0) AS mine,
+                         (SELECT count(DISTINCT k) FROM unnest(w_key) k) AS free
+                  FROM nodes n
+                  JOIN nodes o ON o.queues ? q
+                  LEFT JOIN (
+                      SELECT e.node, count(*) AS n
+                      FROM (SELECT k.node, k.queue FROM instances k
+                            WHERE k.status = 'executing' AND k.concurrency_key IS NOT NULL AND k.gate_shard IS NULL
+                            UNION ALL
+                            SELECT g.node, g.queue FROM instances g
+                            WHERE g.status = 'executing' AND g.gate_shard IS NOT NULL) e
+                      WHERE e.queue = q
+                      GROUP BY e.node) h ON h.node = o.id
+                  WHERE n.id = node_id
+                  GROUP BY n.queues) s;
+        END IF;
 
         -- (2) Admit: choose the rows, debit their limits.
         WITH win AS MATERIALIZED (
