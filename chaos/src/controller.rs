@@ -568,8 +568,8 @@ fn print_report(
     let apart_max = r.apart.iter().copied().fold(0.0, f64::max);
     println!("== summary (seed {})", opts.seed);
     println!(
-        "instances     {} inserted, {} completed as planned",
-        r.instances, r.completed_as_planned
+        "instances     {} inserted, {} completed as planned, {} discarded as every attempt of a step died with its process",
+        r.instances, r.completed_as_planned, r.discarded_by_deaths
     );
     println!(
         "steps run     {} executions; re-run: {}",

@@ -74,6 +74,9 @@ pub struct Report {
     pub wrong_steps: usize,
     pub unended: usize,
     pub crash_loops: usize,
+    /// Instances discarded because every attempt of a step died with its
+    /// process (allowed; see `discarded_by_deaths`).
+    pub discarded_by_deaths: usize,
     pub bad_lines: usize,
     /// Every violation, described.
     pub violations: Vec<String>,
@@ -716,6 +719,10 @@ fn check_outcomes(w: &World, inputs: &Inputs<'_>, r: &mut Report) {
             r.completed_as_planned += 1;
             continue;
         }
+        if discarded_by_deaths(w, id, plan, row, &names, &want) {
+            r.discarded_by_deaths += 1;
+            continue;
+        }
         let twice = {
             let mut seen = BTreeSet::new();
             !names.iter().all(|s| seen.insert(*s))
@@ -782,6 +789,37 @@ fn check_outcomes(w: &World, inputs: &Inputs<'_>, r: &mut Report) {
             &inputs.strangers[..inputs.strangers.len().min(20)]
         ));
     }
+}
+
+/// An attempt lost to its process's death counts (that is what ends a
+/// crash loop), so a step that shared its process with a poison pill, or
+/// with kills, `max_attempts` times in a row is discarded: allowed when the
+/// instance followed its plan up to that step and each of the step's last
+/// `max_attempts` executions ended with its process.
+fn discarded_by_deaths(
+    w: &World,
+    id: i64,
+    plan: &Plan,
+    row: &FinalRow,
+    names: &[&str],
+    want: &[&str],
+) -> bool {
+    let max = plan
+        .max_attempts
+        .unwrap_or(gendurable::DEFAULT_MAX_ATTEMPTS) as usize;
+    let n = names.len();
+    if row.status != "discarded" || n >= want.len() || names != &want[..n] {
+        return false;
+    }
+    if row.step != want[n] || row.state["n"].as_i64() != Some(n as i64) {
+        return false;
+    }
+    let runs: Vec<&Exec> = w
+        .execs
+        .iter()
+        .filter(|e| e.id == id && e.n == n as i64)
+        .collect();
+    runs.len() >= max && runs[runs.len() - max..].iter().all(|e| e.kind == "killed")
 }
 
 /// A step (instance, n) runs again only after an error outcome or a
@@ -975,5 +1013,61 @@ mod tests {
         let incidents = sweep(&refs, 3, |_| false);
         assert_eq!(incidents.len(), 1);
         assert_eq!(incidents[0].2.len(), 4);
+    }
+
+    #[test]
+    fn a_step_whose_every_attempt_died_with_its_process_may_be_discarded() {
+        use rand::SeedableRng;
+        let mut plan = Plan::poison(&mut rand::rngs::StdRng::seed_from_u64(1), "p".into(), "r");
+        while plan.steps.len() < 3 {
+            let mut extra = plan.steps[0].clone();
+            extra.name = format!("s{}", plan.steps.len());
+            plan.steps.insert(0, extra);
+        }
+        for (i, s) in plan.steps.iter_mut().enumerate() {
+            s.name = format!("s{i}");
+        }
+        let (_, want) = plan.expected();
+        assert_eq!(want, ["s0", "s1"]);
+        let row = FinalRow {
+            status: "discarded".into(),
+            step: "s1".into(),
+            state: serde_json::json!({"path": ["s0"], "n": 1}),
+            errors: serde_json::json!([]),
+        };
+        let world = |kinds: &[&str]| World {
+            t0: 0,
+            end: 100,
+            execs: kinds
+                .iter()
+                .enumerate()
+                .map(|(i, k)| Exec {
+                    id: 1,
+                    n: 1,
+                    kind: (*k).into(),
+                    ..exec(&format!("{i}.0"), i as u32, i as u64, i as u64 + 1)
+                })
+                .collect(),
+            procs: HashMap::new(),
+            outages: vec![],
+            cuts: vec![],
+        };
+        let allowed =
+            |kinds: &[&str]| discarded_by_deaths(&world(kinds), 1, &plan, &row, &["s0"], &want);
+        assert!(allowed(&["killed", "killed", "killed"]));
+        assert!(allowed(&["error", "killed", "killed", "killed"]));
+        assert!(!allowed(&["killed", "killed"]), "attempts left");
+        assert!(
+            !allowed(&["killed", "error", "killed"]),
+            "an error outcome is no death"
+        );
+        assert!(!discarded_by_deaths(
+            &world(&["killed"; 3]),
+            1,
+            &plan,
+            &row,
+            &[],
+            &want
+        ));
     }
 }
