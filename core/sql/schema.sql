@@ -33,7 +33,7 @@ CREATE FUNCTION gendurable.handoff(outcomes jsonb, node_id text, channel text, n
     SET search_path TO 'gendurable'
     SET plan_cache_mode TO 'force_generic_plan'
     SET jit TO 'off'
-    AS -- sql/functions/handoff.sql, source md5 c3639892c5f5ab2b84ee55b0041f5c9b
+    AS -- sql/functions/handoff.sql, source md5 70237bf20c3cab56c9fcae313051a044
 ;
 
 CREATE FUNCTION gendurable.key_room(keys text[], gate_names text[], gate_limits integer[]) RETURNS TABLE(key text, room integer)
@@ -66,6 +66,13 @@ CREATE FUNCTION gendurable.name_problem(v text) RETURNS text
     AS -- sql/functions/name_problem.sql, source md5 b27702aa923ee787d29e9a8680b3d20d
 ;
 
+CREATE FUNCTION gendurable.node_key_room(q text, node_id text, more integer) RETURNS integer
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'gendurable'
+    SET jit TO 'off'
+    AS -- sql/functions/node_key_room.sql, source md5 ab24f1d184c6161983a5b5611b9da087
+;
+
 CREATE FUNCTION gendurable.orphaned(q text, wf text, lease double precision) RETURNS boolean
     LANGUAGE plpgsql STABLE
     SET search_path TO 'gendurable'
@@ -85,7 +92,7 @@ CREATE FUNCTION gendurable.pick(q text, demand integer, win_size integer, wfs te
     SET search_path TO 'gendurable'
     SET plan_cache_mode TO 'force_generic_plan'
     SET jit TO 'off'
-    AS -- sql/functions/pick.sql, source md5 639ba1a8c9520e26019e2ce478194a14
+    AS -- sql/functions/pick.sql, source md5 d339e060cf7c18737c7ddbbf58a15848
 ;
 
 CREATE FUNCTION gendurable.rate_room(keys text[], lim integer, rate_names text[], rate_intervals double precision[], rate_tolerances double precision[]) RETURNS TABLE(key text, room integer)

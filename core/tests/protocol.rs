@@ -359,25 +359,52 @@ async fn the_reaper_frees_claims_and_reservations_of_the_dead_at_once() {
 /// one row each and `plain` keyless rows wait.
 async fn shared_queue(prefix: &str, keys: usize, plain: usize) -> (Engine, String) {
     let (engine, schema) = engine(prefix).await;
-    let keyed: Vec<NewInstance> = (0..keys)
-        .map(|k| NewInstance::new("Job", json!({})).concurrency_key(format!("acct:{k}")))
-        .collect();
-    engine.insert_many(keyed).await.unwrap();
+    insert_keyed(&engine, keys, 1).await;
     let rows: Vec<NewInstance> = (0..plain)
         .map(|_| NewInstance::new("Job", json!({})))
         .collect();
     engine.insert_many(rows).await.unwrap();
     for id in [NODE, "n2"] {
-        sqlx::query(&format!(
-            "INSERT INTO \"{schema}\".nodes (id, hostname, pid, queues)
-             VALUES ($1, 'h', 1, '{{\"default\": 3}}')"
-        ))
-        .bind(id)
-        .execute(engine.pool())
-        .await
-        .unwrap();
+        register(engine.pool(), &schema, id).await;
     }
     (engine, schema)
+}
+
+/// `per_key` rows of each of the keys `acct:0` .. `acct:{keys - 1}`.
+async fn insert_keyed(engine: &Engine, keys: usize, per_key: usize) {
+    let rows: Vec<NewInstance> = (0..per_key)
+        .flat_map(|_| {
+            (0..keys)
+                .map(|k| NewInstance::new("Job", json!({})).concurrency_key(format!("acct:{k}")))
+        })
+        .collect();
+    engine.insert_many(rows).await.unwrap();
+}
+
+/// Node `id` serves the queue `default` with 3 slots.
+async fn register(pool: &PgPool, schema: &str, id: &str) {
+    sqlx::query(&format!(
+        "INSERT INTO \"{schema}\".nodes (id, hostname, pid, queues)
+         VALUES ($1, 'h', 1, '{{\"default\": 3}}')"
+    ))
+    .bind(id)
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+/// `done` outcomes of the keyed rows `claims` (id, token), each of which
+/// holds its key `acct:N`.
+async fn done_keyed(pool: &PgPool, schema: &str, claims: &[(i64, i64)]) -> Value {
+    let mut outcomes = Vec::new();
+    for &(id, token) in claims {
+        let key = row(pool, schema, id).await.3;
+        outcomes.push(
+            json!({"id": id, "token": token, "kind": "done", "status": "completed",
+                             "state": {}, "hkey": key}),
+        );
+    }
+    Value::Array(outcomes)
 }
 
 /// The keyed rows `node` holds executing.
@@ -451,5 +478,86 @@ async fn a_node_sharing_its_queue_claims_its_share_of_many_keys_ahead() {
         keys_held(pool, &schema, "n2").await,
         6,
         "the other half for the other node"
+    );
+}
+
+/// A node that joins late gets its share of the keys: the first node, which
+/// claimed every key ahead while alone, hands over no more than its share of
+/// the keys its outcomes free, and the rest go free for the new node's pick.
+#[tokio::test]
+async fn a_node_that_joins_late_gets_its_share_of_the_keys() {
+    let (engine, schema) = engine("late").await;
+    let pool = engine.pool();
+    insert_keyed(&engine, 12, 2).await;
+    register(pool, &schema, NODE).await;
+    let alone = handoff(pool, &schema, json!([]), 20, false, &[]).await;
+    assert_eq!(
+        alone.claimed.len(),
+        12,
+        "every key, claimed ahead: {alone:?}"
+    );
+
+    register(pool, &schema, "n2").await;
+    let outcomes = done_keyed(pool, &schema, &alone.claimed).await;
+    let first = handoff(pool, &schema, outcomes, 20, false, &[]).await;
+    assert_eq!(first.written, 12);
+    assert_eq!(
+        keys_held(pool, &schema, NODE).await,
+        6,
+        "half of the keys handed over: {first:?}"
+    );
+    let other = handoff_as(pool, &schema, "n2", json!([]), 20, false, &[]).await;
+    assert_eq!(other.claimed.len(), 6, "the other half: {other:?}");
+    assert_eq!(keys_held(pool, &schema, "n2").await, 6);
+}
+
+/// A node holding more than its share of the keys reserves no successors
+/// for them: their keys go free as their rows end.
+#[tokio::test]
+async fn a_node_above_its_share_reserves_no_successors() {
+    let (engine, schema) = engine("late_reserve").await;
+    let pool = engine.pool();
+    insert_keyed(&engine, 12, 3).await;
+    register(pool, &schema, NODE).await;
+    let alone = handoff(pool, &schema, json!([]), 12, true, &[]).await;
+    assert_eq!(
+        (alone.claimed.len(), alone.reserved.len()),
+        (12, 12),
+        "{alone:?}"
+    );
+
+    // The outcome of the claim `i`, promoting its key's reserved successor.
+    let promote = |i: usize| {
+        let (pool, schema, alone) = (pool, &schema, &alone);
+        async move {
+            let (p, token) = alone.claimed[i];
+            let key = row(pool, schema, p).await.3;
+            let mut next = None;
+            for &(id, ntoken) in &alone.reserved {
+                if row(pool, schema, id).await.3 == key {
+                    next = Some((id, ntoken));
+                }
+            }
+            let (s, ntoken) = next.expect("a successor of the key");
+            let outcome = json!([{"id": p, "token": token, "kind": "done", "status": "completed",
+                                  "state": {}, "hkey": key, "next": s, "ntoken": ntoken}]);
+            (s, handoff(pool, schema, outcome, 1, true, &[]).await)
+        }
+    };
+    let (s, call) = promote(0).await;
+    assert_eq!(call.promoted, vec![s]);
+    assert_eq!(
+        call.reserved.len(),
+        1,
+        "alone: the key's next row: {call:?}"
+    );
+
+    register(pool, &schema, "n2").await;
+    let (s, call) = promote(1).await;
+    assert_eq!(call.promoted, vec![s]);
+    assert_eq!(
+        call.reserved,
+        vec![],
+        "12 keys held, a share of 6: {call:?}"
     );
 }

@@ -75,6 +75,9 @@ DECLARE
     -- Paused queues among the caller's.
     paused text[];
     picked claim[];
+    -- Per queue: how many more keyed rows the node may hold (node_key_room),
+    -- NULL when it serves the queue alone or hands nothing over there.
+    k_rooms integer[] := '{}';
     d integer;
     q integer;
 BEGIN
@@ -220,8 +223,20 @@ BEGIN
     -- to the pick. A handed-over row takes the freed gate shard, so no
     -- counter changes. A K = 1 key needs no claim_key here: the row that
     -- held it leaves 'executing' in this same transaction, so no other
-    -- picker ever sees the key free. The pick gets the demand left.
+    -- picker ever sees the key free. The pick gets the demand left. A node
+    -- sharing the queue hands over no more than its share of the keys
+    -- (node_key_room, the freed keys counted as held): the rest go free, to
+    -- whichever node's pick has room for them.
     IF array_position(f_next, NULL) IS NOT NULL THEN
+        FOR q IN 1 .. coalesce(cardinality(queues), 0) LOOP
+            IF demands[q] > 0 THEN
+                SELECT count(*)::integer INTO d FROM unnest(f_queue, f_next) AS f(queue, next)
+                WHERE f.queue = queues[q] AND f.next IS NULL;
+                IF d > 0 THEN
+                    k_rooms[q] := node_key_room(queues[q], node_id, d);
+                END IF;
+            END IF;
+        END LOOP;
         WITH slot AS (
             SELECT f.key, f.shard, f.queue, count(*)::integer AS n
             FROM unnest(f_key, f_shard, f_queue, f_next) AS f(key, shard, queue, next)
@@ -243,7 +258,8 @@ BEGIN
                 SELECT c.*, row_number() OVER (PARTITION BY c.queue
                                                ORDER BY c.priority, c.scheduled_at, c.id) AS qn
                 FROM cand c) c
-            WHERE c.qn <= demands[array_position(queues, c.queue)]
+            WHERE c.qn <= least(demands[array_position(queues, c.queue)],
+                                k_rooms[array_position(queues, c.queue)])
         ), handed AS (
             UPDATE instances i
             SET status = 'executing', node = node_id, attempt = i.attempt + 1, attempted_at = now(),
@@ -339,7 +355,16 @@ BEGIN
     -- of its key and queue nobody holds. Only for keys that are full (K = 1,
     -- or a gate with no slot left): a row a free slot could admit now is left
     -- to the pick. Rows under a configured rate limit are left to the pick,
-    -- which checks the limit.
+    -- which checks the limit. Not in a queue where the node holds more than
+    -- its share of the keys (another node joined): their keys go free as
+    -- their rows end, through the handover's check.
+    IF cardinality(w_key) > 0 THEN
+        SELECT coalesce(array_agg(w.key), '{}'), coalesce(array_agg(w.queue), '{}')
+        INTO w_key, w_queue
+        FROM unnest(w_key, w_queue) AS w(key, queue)
+        WHERE w.queue NOT IN (SELECT o.wq FROM (SELECT DISTINCT x AS wq FROM unnest(w_queue) x) o
+                              WHERE node_key_room(o.wq, node_id, 0) < 0);
+    END IF;
     IF cardinality(w_key) > 0 THEN
         RETURN QUERY
         WITH w AS (

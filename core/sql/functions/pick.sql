@@ -68,41 +68,9 @@ BEGIN
                       ORDER BY w.priority, w.at, w.id
                       LIMIT demand);
     ELSE
-        -- A node that shares the queue with other nodes holds no more keyed
-        -- rows executing there than its share of the keys: the keys in play
-        -- (held by any node, or free in this window) in proportion to its
-        -- concurrency among the nodes', and at least what it runs at once. A
-        -- key it claimed ahead waits on it while another node's free slots
-        -- could run it (with 40 keys and two nodes of 20, the first to claim
-        -- ahead took all 40 and the other idled), and keys stick to the node
-        -- that runs them (handoff hands a freed key to its next row); but
-        -- with more keys than slots, a node that holds only what it runs
-        -- leaves each slot idle for a round trip between a key's rows. Alone,
-        -- a node claims keyed rows ahead and counts nothing. The keyed rows
-        -- executing are read through the keys' own indexes: a few per key,
-        -- where the node's index also holds its keyless rows.
-        IF EXISTS (SELECT 1 FROM nodes o WHERE o.id <> node_id AND o.queues ? q) THEN
-            SELECT greatest(s.own - s.mine,
-                            ceil((s.free + s.held)::numeric * s.own / nullif(s.total, 0))::integer - s.mine, 0)
-            INTO k_room
-            FROM (SELECT (n.queues ->> q)::integer AS own, sum((o.queues ->> q)::integer) AS total,
-                         coalesce(sum(h.n), 0) AS held,
-                         coalesce(sum(h.n) FILTER (WHERE o.id = node_id), 0) AS mine,
-                         (SELECT count(DISTINCT k) FROM unnest(w_key) k) AS free
-                  FROM nodes n
-                  JOIN nodes o ON o.queues ? q
-                  LEFT JOIN (
-                      SELECT e.node, count(*) AS n
-                      FROM (SELECT k.node, k.queue FROM instances k
-                            WHERE k.status = 'executing' AND k.concurrency_key IS NOT NULL AND k.gate_shard IS NULL
-                            UNION ALL
-                            SELECT g.node, g.queue FROM instances g
-                            WHERE g.status = 'executing' AND g.gate_shard IS NOT NULL) e
-                      WHERE e.queue = q
-                      GROUP BY e.node) h ON h.node = o.id
-                  WHERE n.id = node_id
-                  GROUP BY n.queues) s;
-        END IF;
+        -- A node that shares the queue holds its share of the keys in play
+        -- (node_key_room), those free in this window counted with the held.
+        k_room := node_key_room(q, node_id, (SELECT count(DISTINCT k)::integer FROM unnest(w_key) k));
 
         -- (2) Admit: choose the rows, debit their limits.
         WITH win AS MATERIALIZED (

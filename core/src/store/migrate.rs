@@ -28,6 +28,7 @@ const FUNCTIONS: &[(&str, &str)] = functions![
     unpark_workflows,
     reconcile_gates,
     release_reserved,
+    node_key_room,
     pick,
     handoff,
     send_signal,
