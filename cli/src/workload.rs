@@ -47,6 +47,11 @@ pub struct Args {
     /// with `concurrency` steps at once.
     #[arg(long, default_value_t = 1)]
     nodes: u32,
+    /// w1, w2, w3 on several nodes: the other nodes start claiming only once
+    /// the first has finished this fraction of the jobs (a node joining a
+    /// busy cluster); the result adds each node's share of the jobs after.
+    #[arg(long, default_value_t = 0.0)]
+    join_at: f64,
     /// soak: minutes to run.
     #[arg(long, default_value_t = 30.0)]
     minutes: f64,
@@ -88,29 +93,50 @@ pub async fn run(args: Args) -> Result<()> {
             }
         };
     }
-    let nodes = args.nodes.max(1);
-    if nodes > 1 && !matches!(args.workload.as_str(), "w1" | "w2" | "w3" | "w5") {
+    let fleet = Fleet {
+        nodes: args.nodes.max(1),
+        join_at: args.join_at,
+    };
+    if fleet.nodes > 1 && !matches!(args.workload.as_str(), "w1" | "w2" | "w3" | "w5") {
         bail!("--nodes is for w1, w2, w3 and w5, not {}", args.workload);
     }
-    let out = workload(&args, &node, nodes).await;
+    if !(0.0..1.0).contains(&fleet.join_at) {
+        bail!(
+            "--join-at is a fraction of the jobs, at least 0 and below 1, not {}",
+            fleet.join_at
+        );
+    }
+    if fleet.join_at > 0.0 && !matches!(args.workload.as_str(), "w1" | "w2" | "w3") {
+        bail!("--join-at is for w1, w2 and w3, not {}", args.workload);
+    }
+    let out = workload(&args, &node, &fleet).await;
     drop_scratch(&node.url).await;
     println!("{}", out?);
     Ok(())
 }
 
-/// Run the workload `args` names with the first of `nodes` nodes here.
-async fn workload(args: &Args, node: &Node, nodes: u32) -> Result<serde_json::Value> {
+/// The node processes of a run.
+struct Fleet {
+    /// This one and `nodes - 1` more.
+    nodes: u32,
+    /// The fraction of the jobs the first node finishes before the others
+    /// start claiming.
+    join_at: f64,
+}
+
+/// Run the workload `args` names with the first of the fleet's nodes here.
+async fn workload(args: &Args, node: &Node, fleet: &Fleet) -> Result<serde_json::Value> {
     Ok(match args.workload.as_str() {
-        "w1" => w1(node, args.jobs.unwrap_or(20_000), nodes).await?,
+        "w1" => w1(node, args.jobs.unwrap_or(20_000), fleet).await?,
         "w2" => {
             let n = args.jobs.unwrap_or(10_000);
             let make = |i| NewInstance::new("Job", json!({})).concurrency_key(("acct", i % 100));
-            timed_run(node, "w2", n, nodes, &args.record, make).await?
+            timed_run(node, "w2", n, fleet, &args.record, make).await?
         }
         "w3" => {
             let n = args.jobs.unwrap_or(2_000);
             let make = |_| NewInstance::new("Job", json!({})).concurrency_key("api:1");
-            timed_run(node, "w3", n, nodes, &args.record, make).await?
+            timed_run(node, "w3", n, fleet, &args.record, make).await?
         }
         "w4" => w4(node, args.jobs.unwrap_or(500)).await?,
         "soak" => {
@@ -319,7 +345,7 @@ pub(crate) fn result(
     v
 }
 
-async fn w1(node: &Node, n: usize, nodes: u32) -> Result<serde_json::Value> {
+async fn w1(node: &Node, n: usize, fleet: &Fleet) -> Result<serde_json::Value> {
     let (schema, rec) = (schema(), Records::default());
     let engine = engine(node, &schema, None, Duration::ZERO, &rec).await?;
     let t = Instant::now();
@@ -327,7 +353,7 @@ async fn w1(node: &Node, n: usize, nodes: u32) -> Result<serde_json::Value> {
         .insert_many((0..n).map(|_| NewInstance::new("Job", json!({}))).collect())
         .await?;
     let insert = t.elapsed().as_secs_f64();
-    let mut out = on_nodes(node, &engine, "w1", &schema, n, nodes, &None, &rec).await?;
+    let mut out = on_nodes(node, &engine, "w1", &schema, n, fleet, &None, &rec).await?;
     out["insert_per_s"] = json!(n as f64 / insert);
     Ok(out)
 }
@@ -337,7 +363,7 @@ async fn timed_run(
     node: &Node,
     what: &str,
     n: usize,
-    nodes: u32,
+    fleet: &Fleet,
     record: &Option<std::path::PathBuf>,
     make: impl Fn(usize) -> NewInstance,
 ) -> Result<serde_json::Value> {
@@ -345,12 +371,13 @@ async fn timed_run(
     let (gate, pause) = shape(what)?;
     let engine = engine(node, &schema, gate, pause, &rec).await?;
     engine.insert_many((0..n).map(make).collect()).await?;
-    on_nodes(node, &engine, what, &schema, n, nodes, record, &rec).await
+    on_nodes(node, &engine, what, &schema, n, fleet, record, &rec).await
 }
 
-/// Run the `n` inserted jobs on `engine` and `nodes - 1` more node
+/// Run the `n` inserted jobs on `engine` and the fleet's other node
 /// processes, from the first `go` until all are done; each node's share of
-/// the outcomes, and the claim p99 over all.
+/// the outcomes (and of those after the others joined, if they joined late),
+/// and the claim p99 over all.
 #[allow(clippy::too_many_arguments)]
 async fn on_nodes(
     node: &Node,
@@ -358,22 +385,34 @@ async fn on_nodes(
     what: &str,
     schema: &str,
     n: usize,
-    nodes: u32,
+    fleet: &Fleet,
     record: &Option<std::path::PathBuf>,
     rec: &Records,
 ) -> Result<serde_json::Value> {
     let mut extras = Vec::new();
-    for i in 1..nodes {
+    for i in 1..fleet.nodes {
         extras.push(cluster::Extra::spawn(what, schema, node, record.as_deref(), i).await?);
     }
     let progress = bar(what, n)?;
     let t = Instant::now();
-    for e in &mut extras {
-        e.send("go").await?;
+    let join_at = (fleet.join_at * n as f64) as u64;
+    // The first node's outcomes when the others joined.
+    let mut joined = None;
+    if join_at == 0 {
+        for e in &mut extras {
+            e.send("go").await?;
+        }
+        joined = Some(0);
     }
     engine.start().await?;
     loop {
         let mut done = engine.stats().snapshot().outcomes;
+        if joined.is_none() && done >= join_at {
+            for e in &mut extras {
+                e.send("go").await?;
+            }
+            joined = Some(done);
+        }
         for e in &mut extras {
             done += e.count().await?.first().copied().unwrap_or(0);
         }
@@ -401,14 +440,25 @@ async fn on_nodes(
         p99 = p99.max(ended.p99.0);
         outcomes.push(ended.outcomes);
     }
-    let total = outcomes.iter().sum::<u64>().max(1) as f64;
-    let shares: Vec<f64> = outcomes.iter().map(|&o| o as f64 / total).collect();
-    Ok(result(
+    let mut out = result(
         what,
         n,
         secs,
-        json!({ "nodes": nodes, "shares": shares, "pick_p99_ms": p99 }),
-    ))
+        json!({ "nodes": fleet.nodes, "shares": shares(&outcomes), "pick_p99_ms": p99 }),
+    );
+    if fleet.join_at > 0.0 {
+        let first = joined.unwrap_or(0);
+        outcomes[0] = outcomes[0].saturating_sub(first);
+        out["joined_after"] = json!(first);
+        out["shares_after_join"] = json!(shares(&outcomes));
+    }
+    Ok(out)
+}
+
+/// Each count's fraction of their sum.
+fn shares(counts: &[u64]) -> Vec<f64> {
+    let total = counts.iter().sum::<u64>().max(1) as f64;
+    counts.iter().map(|&c| c as f64 / total).collect()
 }
 
 pub(crate) fn write_records(path: &Option<std::path::PathBuf>, rec: &Records) -> Result<()> {

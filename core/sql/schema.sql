@@ -33,7 +33,7 @@ CREATE FUNCTION gendurable.handoff(outcomes jsonb, node_id text, channel text, n
     SET search_path TO 'gendurable'
     SET plan_cache_mode TO 'force_generic_plan'
     SET jit TO 'off'
-    AS -- sql/functions/handoff.sql, source md5 70237bf20c3cab56c9fcae313051a044
+    AS -- sql/functions/handoff.sql, source md5 9e88e10daa78684e8ff27b24f0d1ed76
 ;
 
 CREATE FUNCTION gendurable.key_room(keys text[], gate_names text[], gate_limits integer[]) RETURNS TABLE(key text, room integer)
@@ -66,11 +66,11 @@ CREATE FUNCTION gendurable.name_problem(v text) RETURNS text
     AS -- sql/functions/name_problem.sql, source md5 b27702aa923ee787d29e9a8680b3d20d
 ;
 
-CREATE FUNCTION gendurable.node_key_room(q text, node_id text, more integer) RETURNS integer
+CREATE FUNCTION gendurable.node_key_room(q text, node_id text, free text[]) RETURNS integer
     LANGUAGE plpgsql STABLE
     SET search_path TO 'gendurable'
     SET jit TO 'off'
-    AS -- sql/functions/node_key_room.sql, source md5 ab24f1d184c6161983a5b5611b9da087
+    AS -- sql/functions/node_key_room.sql, source md5 88eb09efe01e6156402937fb5345a1aa
 ;
 
 CREATE FUNCTION gendurable.orphaned(q text, wf text, lease double precision) RETURNS boolean
@@ -92,7 +92,7 @@ CREATE FUNCTION gendurable.pick(q text, demand integer, win_size integer, wfs te
     SET search_path TO 'gendurable'
     SET plan_cache_mode TO 'force_generic_plan'
     SET jit TO 'off'
-    AS -- sql/functions/pick.sql, source md5 d339e060cf7c18737c7ddbbf58a15848
+    AS -- sql/functions/pick.sql, source md5 0ade6c5a332f9f81e224e3174b07b3a7
 ;
 
 CREATE FUNCTION gendurable.rate_room(keys text[], lim integer, rate_names text[], rate_intervals double precision[], rate_tolerances double precision[]) RETURNS TABLE(key text, room integer)

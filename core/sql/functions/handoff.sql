@@ -225,16 +225,14 @@ BEGIN
     -- held it leaves 'executing' in this same transaction, so no other
     -- picker ever sees the key free. The pick gets the demand left. A node
     -- sharing the queue hands over no more than its share of the keys
-    -- (node_key_room, the freed keys counted as held): the rest go free, to
-    -- whichever node's pick has room for them.
+    -- (node_key_room, the keys just freed counted as free ones): the rest go
+    -- free, to whichever node's pick has room for them.
     IF array_position(f_next, NULL) IS NOT NULL THEN
         FOR q IN 1 .. coalesce(cardinality(queues), 0) LOOP
-            IF demands[q] > 0 THEN
-                SELECT count(*)::integer INTO d FROM unnest(f_queue, f_next) AS f(queue, next)
-                WHERE f.queue = queues[q] AND f.next IS NULL;
-                IF d > 0 THEN
-                    k_rooms[q] := node_key_room(queues[q], node_id, d);
-                END IF;
+            IF demands[q] > 0 AND queues[q] = ANY (f_queue) THEN
+                k_rooms[q] := node_key_room(queues[q], node_id,
+                                            ARRAY(SELECT f.key FROM unnest(f_key, f_queue, f_next) AS f(key, queue, next)
+                                                  WHERE f.queue = queues[q] AND f.next IS NULL));
             END IF;
         END LOOP;
         WITH slot AS (
@@ -363,7 +361,7 @@ BEGIN
         INTO w_key, w_queue
         FROM unnest(w_key, w_queue) AS w(key, queue)
         WHERE w.queue NOT IN (SELECT o.wq FROM (SELECT DISTINCT x AS wq FROM unnest(w_queue) x) o
-                              WHERE node_key_room(o.wq, node_id, 0) < 0);
+                              WHERE node_key_room(o.wq, node_id, '{}') < 0);
     END IF;
     IF cardinality(w_key) > 0 THEN
         RETURN QUERY

@@ -2,8 +2,8 @@
 -- `q` (negative: that many too many), or NULL when no other node serves `q`.
 --
 -- A node that shares a queue holds its share of the keys in play: the keyed
--- rows executing there on any node plus `more` (keys free for the taking:
--- those in a pick's window, or those an outcome call just freed), in
+-- rows executing there on any node plus the keys `free` for the taking (those
+-- in a pick's window, or those an outcome call just freed), in
 -- proportion to its concurrency among the nodes serving the queue, and at
 -- least as many as it runs at once. A key it claimed ahead waits on it while
 -- another node's free slots could run it (with 40 keys and two nodes of 20,
@@ -16,7 +16,7 @@
 --
 -- The keyed rows executing are read through the keys' own indexes: a few
 -- per key, where the node's index also holds its keyless rows.
-CREATE OR REPLACE FUNCTION node_key_room(q text, node_id text, more integer)
+CREATE OR REPLACE FUNCTION node_key_room(q text, node_id text, free text[])
 RETURNS integer
 LANGUAGE plpgsql STABLE
 SET search_path FROM CURRENT
@@ -29,11 +29,12 @@ BEGIN
         RETURN NULL;
     END IF;
     SELECT greatest(s.own - s.mine,
-                    ceil((more + s.held)::numeric * s.own / nullif(s.total, 0))::integer - s.mine)
+                    ceil((s.free + s.held)::numeric * s.own / nullif(s.total, 0))::integer - s.mine)
     INTO room
     FROM (SELECT (n.queues ->> q)::integer AS own, sum((o.queues ->> q)::integer) AS total,
                  coalesce(sum(h.n), 0) AS held,
-                 coalesce(sum(h.n) FILTER (WHERE o.id = node_id), 0) AS mine
+                 coalesce(sum(h.n) FILTER (WHERE o.id = node_id), 0) AS mine,
+                 (SELECT count(DISTINCT k) FROM unnest(free) k) AS free
           FROM nodes n
           JOIN nodes o ON o.queues ? q
           LEFT JOIN (

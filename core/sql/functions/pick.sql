@@ -70,7 +70,7 @@ BEGIN
     ELSE
         -- A node that shares the queue holds its share of the keys in play
         -- (node_key_room), those free in this window counted with the held.
-        k_room := node_key_room(q, node_id, (SELECT count(DISTINCT k)::integer FROM unnest(w_key) k));
+        k_room := node_key_room(q, node_id, w_key);
 
         -- (2) Admit: choose the rows, debit their limits.
         WITH win AS MATERIALIZED (
