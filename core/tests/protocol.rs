@@ -481,21 +481,29 @@ async fn a_node_sharing_its_queue_claims_its_share_of_many_keys_ahead() {
     );
 }
 
-/// A node that joins late gets its share of the keys: the first node, which
-/// claimed every key ahead while alone, hands over no more than its share of
-/// the keys its outcomes free, and the rest go free for the new node's pick.
-#[tokio::test]
-async fn a_node_that_joins_late_gets_its_share_of_the_keys() {
-    let (engine, schema) = engine("late").await;
-    let pool = engine.pool();
-    insert_keyed(&engine, 12, 2).await;
-    register(pool, &schema, NODE).await;
-    let alone = handoff(pool, &schema, json!([]), 20, false, &[]).await;
+/// `per_key` rows of each of 12 keys, claimed ahead (reserving successors
+/// if `reserve`) by the node while it serves the queue alone: one per key.
+async fn alone_with_12_keys(prefix: &str, per_key: usize, reserve: bool) -> (Engine, String, Call) {
+    let (engine, schema) = engine(prefix).await;
+    insert_keyed(&engine, 12, per_key).await;
+    register(engine.pool(), &schema, NODE).await;
+    let alone = handoff(engine.pool(), &schema, json!([]), 20, reserve, &[]).await;
     assert_eq!(
         alone.claimed.len(),
         12,
         "every key, claimed ahead: {alone:?}"
     );
+    (engine, schema, alone)
+}
+
+/// A node that joins late gets its share of the keys: the first node, which
+/// claimed every key ahead while alone, hands over no more than its share of
+/// the keys its outcomes free, and the rest go free for the new node's pick.
+#[tokio::test]
+async fn a_node_that_joins_late_gets_its_share_of_the_keys() {
+    let (engine, schema, alone) = alone_with_12_keys("late", 2, false).await;
+    let pool = engine.pool();
+    assert_eq!(alone.reserved.len(), 0);
 
     register(pool, &schema, "n2").await;
     let outcomes = done_keyed(pool, &schema, &alone.claimed).await;
@@ -515,16 +523,9 @@ async fn a_node_that_joins_late_gets_its_share_of_the_keys() {
 /// for them: their keys go free as their rows end.
 #[tokio::test]
 async fn a_node_above_its_share_reserves_no_successors() {
-    let (engine, schema) = engine("late_reserve").await;
+    let (engine, schema, alone) = alone_with_12_keys("late_reserve", 3, true).await;
     let pool = engine.pool();
-    insert_keyed(&engine, 12, 3).await;
-    register(pool, &schema, NODE).await;
-    let alone = handoff(pool, &schema, json!([]), 12, true, &[]).await;
-    assert_eq!(
-        (alone.claimed.len(), alone.reserved.len()),
-        (12, 12),
-        "{alone:?}"
-    );
+    assert_eq!(alone.reserved.len(), 12, "{alone:?}");
 
     // The outcome of the claim `i`, promoting its key's reserved successor.
     let promote = |i: usize| {
