@@ -40,7 +40,7 @@ CREATE FUNCTION gendurable.key_room(keys text[], gate_names text[], gate_limits 
     LANGUAGE plpgsql STABLE
     SET search_path TO 'gendurable'
     SET jit TO 'off'
-    AS -- sql/functions/key_room.sql, source md5 089f4d03e53277d06fdd7e65c60e21d8
+    AS -- sql/functions/key_room.sql, source md5 ec5bc164082fc54f6e4e53208bc4b25a
 ;
 
 CREATE FUNCTION gendurable.matching(ids bigint[], workflow text, queue text, statuses text[], concurrency_key text, error text, after bigint, lim integer) RETURNS SETOF bigint
@@ -92,21 +92,21 @@ CREATE FUNCTION gendurable.pick(q text, demand integer, win_size integer, wfs te
     SET search_path TO 'gendurable'
     SET plan_cache_mode TO 'force_generic_plan'
     SET jit TO 'off'
-    AS -- sql/functions/pick.sql, source md5 0ade6c5a332f9f81e224e3174b07b3a7
+    AS -- sql/functions/pick.sql, source md5 615006cedc1bf78f74cae30529520b6a
 ;
 
 CREATE FUNCTION gendurable.rate_room(keys text[], lim integer, rate_names text[], rate_intervals double precision[], rate_tolerances double precision[]) RETURNS TABLE(key text, room integer)
     LANGUAGE plpgsql STABLE
     SET search_path TO 'gendurable'
     SET jit TO 'off'
-    AS -- sql/functions/rate_room.sql, source md5 96fa8af848458d73cb02c42a7d51ed08
+    AS -- sql/functions/rate_room.sql, source md5 1b43d7829f03e69157c7da816220f1a3
 ;
 
 CREATE FUNCTION gendurable.rate_sweep(after text, lim integer, channel text, rate_names text[], rate_intervals double precision[], rate_tolerances double precision[], OUT unparked integer, OUT last_key text, OUT next_in double precision) RETURNS record
     LANGUAGE plpgsql
     SET search_path TO 'gendurable'
     SET jit TO 'off'
-    AS -- sql/functions/rate_sweep.sql, source md5 2df1c2e88e357fd3e71d74302d8c3186
+    AS -- sql/functions/rate_sweep.sql, source md5 d7dd69e0a659421ecacf88393ea95b01
 ;
 
 CREATE FUNCTION gendurable.reconcile_gates(after text, lim integer, gate_names text[], gate_limits integer[], gate_shards integer[], channel text, OUT changed integer, OUT last_key text) RETURNS record
@@ -304,9 +304,9 @@ CREATE INDEX instances_finished ON gendurable.instances USING btree (finished_at
 
 CREATE INDEX instances_gated ON gendurable.instances USING btree (concurrency_key, gate_shard) WHERE ((status = 'executing'::text) AND (gate_shard IS NOT NULL));
 
-CREATE INDEX instances_heads ON gendurable.instances USING btree (concurrency_key) WHERE ((status = 'available'::text) AND (parked IS NULL) AND (concurrency_key IS NOT NULL));
-
 CREATE UNIQUE INDEX instances_k1 ON gendurable.instances USING btree (concurrency_key) WHERE ((status = 'executing'::text) AND (concurrency_key IS NOT NULL) AND (gate_shard IS NULL));
+
+CREATE INDEX instances_key_heads ON gendurable.instances USING btree (concurrency_key) WHERE ((COALESCE(parked, status) = 'available'::text) AND (concurrency_key IS NOT NULL));
 
 CREATE INDEX instances_key_next ON gendurable.instances USING btree (concurrency_key, ((queue || ''::text)), priority, scheduled_at, id) WHERE ((status = 'available'::text) AND (concurrency_key IS NOT NULL));
 
@@ -318,7 +318,7 @@ CREATE INDEX instances_parked_workflow ON gendurable.instances USING btree (work
 
 CREATE INDEX instances_pick ON gendurable.instances USING btree (queue, priority, scheduled_at, id) WHERE ((status = 'available'::text) AND (parked IS NULL));
 
-CREATE INDEX instances_rate_heads ON gendurable.instances USING btree (rate_key) WHERE ((status = 'available'::text) AND (parked IS NULL) AND (rate_key IS NOT NULL));
+CREATE INDEX instances_rate_key_heads ON gendurable.instances USING btree (rate_key) WHERE ((COALESCE(parked, status) = 'available'::text) AND (rate_key IS NOT NULL));
 
 CREATE INDEX instances_reserved ON gendurable.instances USING btree (node) WHERE ((status = 'available'::text) AND (node IS NOT NULL));
 

@@ -410,3 +410,78 @@ async fn a_node_parks_what_it_finds_no_live_node_runs() {
     b.shutdown().await.unwrap();
     a.shutdown().await.unwrap();
 }
+
+/// A key's heads are read through their own index only, whatever the
+/// statistics say: with the heads' indexes gone (in a transaction rolled
+/// back), the room lookups scan the table rather than the pick's index or a
+/// key's index of available rows, which hold every waiting row (a backlog of
+/// thousands read once per key looked up). The same answers either way.
+#[tokio::test]
+async fn heads_are_read_through_their_own_index_only() {
+    let schema = support::schema("park_heads");
+    let c = client(&schema).await;
+    c.insert_many(
+        (0..2000)
+            .map(|i| match i % 4 {
+                0 => job("acct:1"),
+                1 => job("api:1"),
+                2 => NewInstance::new("Job", json!({})).rate_limit("rl:1"),
+                _ => NewInstance::new("Job", json!({})),
+            })
+            .collect(),
+    )
+    .await
+    .unwrap();
+    let mut tx = c.pool().begin().await.unwrap();
+    let mut rooms = Vec::new();
+    for drop in [false, true] {
+        if drop {
+            sqlx::query(&format!(
+                "DROP INDEX \"{schema}\".instances_key_heads, \"{schema}\".instances_rate_key_heads"
+            ))
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        }
+        let keys: Vec<(String, i32)> = sqlx::query_as(&format!(
+            "SELECT key, room FROM \"{schema}\".key_room($1, '{{api}}', '{{5}}') ORDER BY key"
+        ))
+        .bind(vec!["acct:1", "acct:2", "api:1"])
+        .fetch_all(&mut *tx)
+        .await
+        .unwrap();
+        let rates: Vec<(String, i32)> = sqlx::query_as(&format!(
+            "SELECT key, room FROM \"{schema}\".rate_room($1, 100, '{{rl}}', '{{0.1}}', '{{0.1}}')"
+        ))
+        .bind(vec!["rl:1"])
+        .fetch_all(&mut *tx)
+        .await
+        .unwrap();
+        rooms.push((keys, rates));
+    }
+    // Scans this transaction made of the indexes of all available rows.
+    let scans: Vec<(String, i64)> = sqlx::query_as(&format!(
+        "SELECT c.relname::text, pg_stat_get_xact_numscans(c.oid)
+         FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+         WHERE n.nspname = $1 AND c.relname IN ('instances_pick', 'instances_key_next')
+         ORDER BY 1"
+    ))
+    .bind(&schema)
+    .fetch_all(&mut *tx)
+    .await
+    .unwrap();
+    tx.rollback().await.unwrap();
+    assert_eq!(
+        scans,
+        vec![
+            ("instances_key_next".to_string(), 0),
+            ("instances_pick".to_string(), 0)
+        ]
+    );
+    let acct = |room| ("acct:1".to_string(), room);
+    let expected = (
+        vec![acct(0), ("acct:2".to_string(), 1), ("api:1".to_string(), 2)],
+        vec![("rl:1".to_string(), 0)],
+    );
+    assert_eq!(rooms, vec![expected.clone(), expected]);
+}

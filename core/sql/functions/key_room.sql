@@ -2,6 +2,8 @@
 -- from the caller's configuration; 1 otherwise) minus its executing rows and
 -- the rows already waiting unparked. Counts stop at K, so a key with many
 -- unparked rows costs no more than one with K.
+-- Heads are looked up as coalesce(parked, status) = 'available', the
+-- condition of their own index only (migration 20261205000000_heads).
 CREATE OR REPLACE FUNCTION key_room(keys text[], gate_names text[], gate_limits integer[])
 RETURNS TABLE (key text, room integer)
 LANGUAGE plpgsql STABLE
@@ -19,8 +21,9 @@ BEGIN
                                          WHERE e.status = 'executing' AND e.gate_shard IS NOT NULL
                                            AND e.concurrency_key = k.key LIMIT k.cap) x)
                - (SELECT count(*) FROM (SELECT 1 FROM instances a
-                                         WHERE a.status = 'available' AND a.parked IS NULL
-                                           AND a.concurrency_key = k.key LIMIT k.cap) x), 0)::integer
+                                         WHERE a.concurrency_key = k.key
+                                           AND coalesce(a.parked, a.status) = 'available'
+                                         LIMIT k.cap) x), 0)::integer
     FROM (SELECT d.key, coalesce(gate_limits[array_position(gate_names, split_part(d.key, ':', 1))], 1) AS cap
           FROM (SELECT DISTINCT unnest(keys) AS key) d) k;
 END

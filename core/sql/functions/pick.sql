@@ -287,7 +287,7 @@ BEGIN
             FROM (SELECT DISTINCT concurrency_key AS key FROM b WHERE why = 'key') k
             CROSS JOIN LATERAL (
                 SELECT i.id FROM instances i
-                WHERE i.concurrency_key = k.key AND i.status = 'available' AND i.parked IS NULL
+                WHERE i.concurrency_key = k.key AND coalesce(i.parked, i.status) = 'available'
                   AND i.node IS NULL
                 LIMIT 10000
                 FOR UPDATE SKIP LOCKED) m
@@ -296,7 +296,7 @@ BEGIN
             FROM (SELECT DISTINCT rate_key AS key FROM b WHERE why = 'rate') k
             CROSS JOIN LATERAL (
                 SELECT i.id FROM instances i
-                WHERE i.rate_key = k.key AND i.status = 'available' AND i.parked IS NULL
+                WHERE i.rate_key = k.key AND coalesce(i.parked, i.status) = 'available'
                   AND i.node IS NULL
                 LIMIT 10000
                 FOR UPDATE SKIP LOCKED) m

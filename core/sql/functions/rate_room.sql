@@ -13,8 +13,9 @@ BEGIN
     RETURN QUERY
     SELECT k.key, greatest(k.allowed
                - (SELECT count(*) FROM (SELECT 1 FROM instances a
-                                         WHERE a.status = 'available' AND a.parked IS NULL
-                                           AND a.rate_key = k.key LIMIT lim) x), 0)::integer
+                                         WHERE a.rate_key = k.key
+                                           AND coalesce(a.parked, a.status) = 'available'
+                                         LIMIT lim) x), 0)::integer
     FROM (SELECT d.key,
                  CASE WHEN d.ri IS NULL THEN lim
                       ELSE least(lim, coalesce(

@@ -64,7 +64,7 @@ BEGIN
         CROSS JOIN LATERAL (
             SELECT count(*)::integer AS n FROM (
                 SELECT 1 FROM instances a
-                WHERE a.status = 'available' AND a.parked IS NULL AND a.rate_key = d.key
+                WHERE a.rate_key = d.key AND coalesce(a.parked, a.status) = 'available'
                 LIMIT floor(rate_tolerances[d.ri] / rate_intervals[d.ri] + 1e-9)::integer + 1) x) w
         WHERE d.ri IS NOT NULL
           AND w.n < floor(rate_tolerances[d.ri] / rate_intervals[d.ri] + 1e-9)::integer + 1

@@ -11,9 +11,9 @@ WITH p AS (
 SELECT p.key, p.kind, p.n,
        CASE p.kind
            WHEN 'key' THEN (SELECT count(*) FROM __S__.instances h
-                            WHERE h.status = 'available' AND h.parked IS NULL
-                              AND h.concurrency_key = p.key)
+                            WHERE h.concurrency_key = p.key
+                              AND coalesce(h.parked, h.status) = 'available')
            ELSE (SELECT count(*) FROM __S__.instances h
-                 WHERE h.status = 'available' AND h.parked IS NULL AND h.rate_key = p.key)
+                 WHERE h.rate_key = p.key AND coalesce(h.parked, h.status) = 'available')
        END
 FROM p ORDER BY p.n DESC, p.key
