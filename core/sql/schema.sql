@@ -70,7 +70,7 @@ CREATE FUNCTION gendurable.node_key_room(q text, node_id text, free text[]) RETU
     LANGUAGE plpgsql STABLE
     SET search_path TO 'gendurable'
     SET jit TO 'off'
-    AS -- sql/functions/node_key_room.sql, source md5 88eb09efe01e6156402937fb5345a1aa
+    AS -- sql/functions/node_key_room.sql, source md5 3f8df634698e753ca48a183a6f914489
 ;
 
 CREATE FUNCTION gendurable.orphaned(q text, wf text, lease double precision) RETURNS boolean
@@ -245,7 +245,8 @@ CREATE TABLE gendurable.nodes (
     queues jsonb NOT NULL,
     started_at timestamp with time zone DEFAULT now() NOT NULL,
     heartbeat_at timestamp with time zone DEFAULT now() NOT NULL,
-    workflows jsonb
+    workflows jsonb,
+    lease_s double precision
 );
 
 CREATE TABLE gendurable.queue_pauses (

@@ -202,14 +202,15 @@ async fn a_blocked_maintenance_pass_does_not_stop_the_heartbeat() {
     })
     .await;
     // ... and the node's heartbeat is as fresh as ever.
-    let fresh: bool = sqlx::query_scalar(&format!(
-        "SELECT heartbeat_at > $1 + interval '1 s' FROM \"{schema}\".nodes WHERE id = 'patient'"
+    let (fresh, lease): (bool, Option<f64>) = sqlx::query_as(&format!(
+        "SELECT heartbeat_at > $1 + interval '1 s', lease_s FROM \"{schema}\".nodes WHERE id = 'patient'"
     ))
     .bind(since)
     .fetch_one(pool)
     .await
     .unwrap();
     assert!(fresh, "the heartbeat went on while maintenance was blocked");
+    assert_eq!(lease, Some(2.0), "the heartbeat records the node's lease");
     tx.rollback().await.unwrap();
     engine.shutdown().await.unwrap();
 }

@@ -481,6 +481,39 @@ async fn a_node_sharing_its_queue_claims_its_share_of_many_keys_ahead() {
     );
 }
 
+/// A node presumed dead (no heartbeat within the lease it recorded) does not
+/// count in the share of the keys, though it is listed until the reaper
+/// forgets it: the live node claims every key ahead, as if alone. A node
+/// that recorded no lease (an earlier release) counts while it is listed.
+#[tokio::test]
+async fn a_node_presumed_dead_takes_no_share_of_the_keys() {
+    let (engine, schema) = shared_queue("share_dead", 12, 0).await;
+    let pool = engine.pool();
+    let set_n2 = |sql: &'static str| {
+        let schema = schema.clone();
+        async move {
+            sqlx::query(&format!(
+                "UPDATE \"{schema}\".nodes SET {sql} WHERE id = 'n2'"
+            ))
+            .execute(pool)
+            .await
+            .unwrap();
+        }
+    };
+    set_n2("lease_s = 30").await;
+    claim_until_full(pool, &schema, 20, 6).await;
+    set_n2("lease_s = NULL, heartbeat_at = now() - interval '1 hour'").await;
+    let listed = handoff(pool, &schema, json!([]), 20, false, &[]).await;
+    assert!(
+        listed.claimed.is_empty(),
+        "no lease, still counted: {listed:?}"
+    );
+    set_n2("lease_s = 30").await;
+    let dead = handoff(pool, &schema, json!([]), 20, false, &[]).await;
+    assert_eq!(dead.claimed.len(), 6, "the other half too: {dead:?}");
+    assert_eq!(keys_held(pool, &schema, NODE).await, 12);
+}
+
 /// `per_key` rows of each of 12 keys, claimed ahead (reserving successors
 /// if `reserve`) by the node while it serves the queue alone: one per key.
 async fn alone_with_12_keys(prefix: &str, per_key: usize, reserve: bool) -> (Engine, String, Call) {

@@ -16,6 +16,9 @@
 --
 -- The keyed rows executing are read through the keys' own indexes: a few
 -- per key, where the node's index also holds its keyless rows.
+-- Nodes presumed dead (no heartbeat within their lease) are left out: their
+-- slots run nothing, and counting them would shrink the live nodes' shares
+-- until the reaper forgets them.
 CREATE OR REPLACE FUNCTION node_key_room(q text, node_id text, free text[])
 RETURNS integer
 LANGUAGE plpgsql STABLE
@@ -25,7 +28,9 @@ AS $$
 DECLARE
     room integer;
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM nodes o WHERE o.id <> node_id AND o.queues ? q) THEN
+    IF NOT EXISTS (SELECT 1 FROM nodes o
+                   WHERE o.id <> node_id AND o.queues ? q
+                     AND (o.lease_s IS NULL OR o.heartbeat_at > now() - make_interval(secs => o.lease_s))) THEN
         RETURN NULL;
     END IF;
     SELECT greatest(s.own - s.mine,
@@ -37,6 +42,8 @@ BEGIN
                  (SELECT count(DISTINCT k) FROM unnest(free) k) AS free
           FROM nodes n
           JOIN nodes o ON o.queues ? q
+                      AND (o.id = node_id OR o.lease_s IS NULL
+                           OR o.heartbeat_at > now() - make_interval(secs => o.lease_s))
           LEFT JOIN (
               SELECT e.node, count(*) AS n
               FROM (SELECT k.node, k.queue FROM instances k
