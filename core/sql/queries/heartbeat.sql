@@ -1,7 +1,7 @@
 -- Registers node $1 (hostname $2, pid $3) with its queues ($4), workflows
 -- ($6) and lease ($5 seconds). Also answers how many other nodes are alive
--- (heartbeat within $5 s), and how many seconds ago this node's previous heartbeat was recorded
--- (NULL: none, or its row was deleted as dead).
+-- (heartbeat within $5 s), and how many seconds ago this node's previous
+-- heartbeat was recorded (NULL: none, or its row was deleted as dead).
 WITH prev AS (SELECT heartbeat_at FROM __S__.nodes WHERE id = $1),
 beat AS (INSERT INTO __S__.nodes (id, hostname, pid, queues, workflows, lease_s)
          VALUES ($1, $2, $3, $4, $6, $5)
