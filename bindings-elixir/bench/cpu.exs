@@ -125,9 +125,11 @@ defmodule Bench.Cpu do
     end
   end
 
-  # The server's postmaster: the parent of a backend.
+  # The server's postmaster: the parent of its checkpointer (a psql
+  # session's own backend may be gone before /proc is read).
   defp postmaster(url) do
-    {out, 0} = System.cmd("psql", ["-X", "-At", url, "-c", "SELECT pg_backend_pid()"])
+    sql = "SELECT pid FROM pg_stat_activity WHERE backend_type = 'checkpointer'"
+    {out, 0} = System.cmd("psql", ["-X", "-At", url, "-c", sql])
     {ppid, _} = stat(String.trim(out))
     ppid
   end
