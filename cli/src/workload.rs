@@ -405,6 +405,7 @@ async fn on_nodes(
         joined = Some(0);
     }
     engine.start().await?;
+    let mut pace = Pace::new(n as u64);
     loop {
         let mut done = engine.stats().snapshot().outcomes;
         if joined.is_none() && done >= join_at {
@@ -417,6 +418,7 @@ async fn on_nodes(
             done += e.count().await?.first().copied().unwrap_or(0);
         }
         progress.set_position(done);
+        pace.at(t.elapsed(), done);
         if done >= n as u64 {
             break;
         }
@@ -446,6 +448,10 @@ async fn on_nodes(
         secs,
         json!({ "nodes": fleet.nodes, "shares": shares(&outcomes), "pick_p99_ms": p99 }),
     );
+    if let Some((steady, ramp)) = pace.steady() {
+        out["steady_jobs_per_s"] = json!(steady);
+        out["ramp_ms"] = json!(ramp.as_secs_f64() * 1e3);
+    }
     if fleet.join_at > 0.0 {
         let first = joined.unwrap_or(0);
         outcomes[0] = outcomes[0].saturating_sub(first);
@@ -453,6 +459,45 @@ async fn on_nodes(
         out["shares_after_join"] = json!(shares(&outcomes));
     }
     Ok(out)
+}
+
+/// When a run's outcomes crossed a tenth and nine tenths of its jobs: the
+/// rate between the two is its steady state, and what the start cost is the
+/// time to the first tenth beyond what the steady rate would have taken.
+struct Pace {
+    n: u64,
+    tenth: Option<Duration>,
+    nine_tenths: Option<Duration>,
+}
+
+impl Pace {
+    fn new(n: u64) -> Pace {
+        Pace {
+            n,
+            tenth: None,
+            nine_tenths: None,
+        }
+    }
+
+    /// `done` outcomes were counted at `elapsed`.
+    fn at(&mut self, elapsed: Duration, done: u64) {
+        if self.tenth.is_none() && done * 10 >= self.n {
+            self.tenth = Some(elapsed);
+        }
+        if self.nine_tenths.is_none() && done * 10 >= self.n * 9 {
+            self.nine_tenths = Some(elapsed);
+        }
+    }
+
+    /// The steady rate (jobs/s) and the start-up ramp; `None` for runs too
+    /// short to tell (both marks in one sample).
+    fn steady(&self) -> Option<(f64, Duration)> {
+        let (a, b) = (self.tenth?, self.nine_tenths?);
+        let span = b.checked_sub(a).filter(|d| !d.is_zero())?;
+        let rate = 0.8 * self.n as f64 / span.as_secs_f64();
+        let ideal = Duration::from_secs_f64(0.1 * self.n as f64 / rate);
+        Some((rate, a.saturating_sub(ideal)))
+    }
 }
 
 /// Each count's fraction of their sum.
@@ -590,4 +635,29 @@ async fn raw(url: &str, loops: u32, n: usize, batch: i64) -> Result<serde_json::
     let mut v = result("raw", n, secs, json!({ "batch": batch }));
     v["system"] = json!(format!("raw SKIP LOCKED, batch {batch}"));
     Ok(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_steady_rate_leaves_out_the_start_and_the_end() {
+        let mut p = Pace::new(1_000);
+        // 300 ms before the first outcome, then 1,000 jobs a second.
+        for ms in (0..=1_300).step_by(10) {
+            let done = (ms as u64).saturating_sub(300);
+            p.at(Duration::from_millis(ms), done.min(1_000));
+        }
+        let (rate, ramp) = p.steady().expect("both marks crossed");
+        assert!((rate - 1_000.0).abs() < 1e-6, "rate {rate}");
+        assert_eq!(ramp, Duration::from_millis(300));
+    }
+
+    #[test]
+    fn a_run_over_in_one_sample_has_no_steady_rate() {
+        let mut p = Pace::new(100);
+        p.at(Duration::from_millis(5), 100);
+        assert!(p.steady().is_none());
+    }
 }
