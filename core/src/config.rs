@@ -165,11 +165,15 @@ impl EngineConfig {
 pub const MAX_QUEUE_CONCURRENCY: u32 = 10_000;
 /// The most rows one queue claims ahead of its free slots.
 pub const MAX_PREFETCH: u32 = 1_000_000;
+/// The default cap on rows claimed ahead, per running slot: no-op steps at
+/// concurrency 20 fill calls of about 1,600 rows (2,000 claimed ahead filled
+/// about 500, and ran W1 a fifth slower; docs/performance.md).
+const PREFETCH_PER_SLOT: u32 = 250;
 
 impl EngineConfig {
     /// The most rows a queue of this concurrency claims ahead.
     pub(crate) fn prefetch_for(&self, concurrency: u32) -> u32 {
-        self.prefetch.unwrap_or(concurrency.saturating_mul(100))
+        self.prefetch.unwrap_or(concurrency.saturating_mul(PREFETCH_PER_SLOT))
     }
 
     /// Check every setting; the first problem found is returned.

@@ -112,7 +112,7 @@ impl EngineBuilder {
         self
     }
 
-    /// The most rows each queue claims ahead of its free slots (default: 100
+    /// The most rows each queue claims ahead of its free slots (default: 250
     /// times the queue's concurrency). Within that cap a queue claims about
     /// as many rows as it starts in 50 ms, so fast steps are claimed and
     /// recorded in large batches while slow ones claim almost nothing ahead.
