@@ -173,7 +173,8 @@ const PREFETCH_PER_SLOT: u32 = 250;
 impl EngineConfig {
     /// The most rows a queue of this concurrency claims ahead.
     pub(crate) fn prefetch_for(&self, concurrency: u32) -> u32 {
-        self.prefetch.unwrap_or(concurrency.saturating_mul(PREFETCH_PER_SLOT))
+        self.prefetch
+            .unwrap_or(concurrency.saturating_mul(PREFETCH_PER_SLOT))
     }
 
     /// Check every setting; the first problem found is returned.
