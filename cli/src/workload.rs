@@ -645,8 +645,8 @@ mod tests {
     fn the_steady_rate_leaves_out_the_start_and_the_end() {
         let mut p = Pace::new(1_000);
         // 300 ms before the first outcome, then 1,000 jobs a second.
-        for ms in (0..=1_300).step_by(10) {
-            let done = (ms as u64).saturating_sub(300);
+        for ms in (0..=1_300u64).step_by(10) {
+            let done = ms.saturating_sub(300);
             p.at(Duration::from_millis(ms), done.min(1_000));
         }
         let (rate, ramp) = p.steady().expect("both marks crossed");
