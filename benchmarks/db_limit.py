@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import Postgres, Work, log, sh  # noqa: E402
+from harness import Postgres, Work, log, plot, sh  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 HERE = ROOT / "benchmarks"
@@ -102,11 +102,7 @@ def markdown(s: dict) -> str:
 
 
 def chart(path: Path, work: Work) -> None:
-    script = r"""
-import json, sys
-import matplotlib
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
+    body = r"""
 s = json.load(open(sys.argv[1]))["summary"]
 keys = [("raw_160", "raw loop\n160 rows"), ("raw_400", "raw loop\n400 rows"),
         ("w1", "W1\nwhole run"), ("w1_steady", "W1\nsteady")]
@@ -118,10 +114,8 @@ ax.errorbar([l for _, l in keys], [m["median"] for m in ms],
             fmt="none", ecolor="#333", capsize=3)
 ax.set_ylabel("rows (jobs) per second")
 ax.set_title("W1 beside the raw SKIP LOCKED loop on the engine's table", fontsize=10)
-fig.tight_layout()
-fig.savefig(sys.argv[2], dpi=110)
 """
-    sh([work.py, "-c", script, str(path.with_suffix(".json")), str(path)])
+    plot(work.py, body, path.with_suffix(".json"), path)
 
 
 def main() -> int:

@@ -80,6 +80,14 @@ def sh(cmd: list, **kw) -> subprocess.CompletedProcess:
     return subprocess.run([str(c) for c in cmd], check=True, **kw)
 
 
+def plot(python: Path, body: str, data: Path, png: Path) -> None:
+    """Draws a chart with the work folder's matplotlib: `body` reads the JSON
+    file `sys.argv[1]` and draws on a figure `fig`, saved to `png`."""
+    head = "import json, sys\nimport matplotlib\nmatplotlib.use('Agg')\nimport matplotlib.pyplot as plt\n"
+    tail = "\nfig.tight_layout()\nfig.savefig(sys.argv[2], dpi=110)\n"
+    sh([python, "-c", head + body + tail, str(data), str(png)])
+
+
 # --- the work folder: virtualenv, node packages, builds ----------------------
 
 

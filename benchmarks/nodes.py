@@ -32,6 +32,7 @@ from harness import (  # noqa: E402
     concurrency_profile,
     log,
     overlapping_pairs,
+    plot,
     read_records,
     sh,
 )
@@ -132,11 +133,7 @@ def markdown(rows: list[dict]) -> str:
 
 
 def chart(rows: list[dict], path: Path, work: Work) -> None:
-    script = r"""
-import json, sys
-import matplotlib
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
+    body = r"""
 rows = json.load(open(sys.argv[1]))["summary"]
 ws = sorted({r["workload"] for r in rows})
 fig, axes = plt.subplots(1, len(ws), figsize=(4 * len(ws), 3.2))
@@ -149,10 +146,8 @@ for ax, w in zip(axes, ws):
                 fmt="none", ecolor="#333", capsize=3)
     ax.set_title(f"{w.upper()}: jobs/s by node processes", fontsize=10)
     ax.set_xlabel("node processes")
-fig.tight_layout()
-fig.savefig(sys.argv[2], dpi=110)
 """
-    sh([work.py, "-c", script, str(path.with_suffix(".json")), str(path)])
+    plot(work.py, body, path.with_suffix(".json"), path)
 
 
 def main() -> int:
