@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import Postgres, Work, log, plot, sh  # noqa: E402
+from harness import Postgres, Work, log, plot, sh, write_results  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 HERE = ROOT / "benchmarks"
@@ -151,15 +151,8 @@ def main() -> int:
     finally:
         pg.stop()
     s = summary(rounds)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "db_limit.json").write_text(
-        json.dumps({"rounds": rounds, "summary": s, "rows": args.rows}, indent=1)
-    )
-    md = markdown(s)
-    (args.out / "db_limit.md").write_text(md)
-    print(md)
-    work = Work(args.work.resolve(), False)
-    work.python_env([])
+    data = {"rounds": rounds, "summary": s, "rows": args.rows}
+    work = write_results(args.out, "db_limit", data, markdown(s), args.work)
     chart(args.out / "db_limit.png", work)
     return 0
 

@@ -80,6 +80,18 @@ def sh(cmd: list, **kw) -> subprocess.CompletedProcess:
     return subprocess.run([str(c) for c in cmd], check=True, **kw)
 
 
+def write_results(out: Path, name: str, data: dict, md: str, work: Path) -> Work:
+    """Writes `name`.json and `name`.md to `out`, prints the table, and
+    returns the work folder whose matplotlib draws the chart."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(data, indent=1))
+    (out / f"{name}.md").write_text(md)
+    print(md)
+    w = Work(work.resolve(), False)
+    w.python_env([])
+    return w
+
+
 def plot(python: Path, body: str, data: Path, png: Path) -> None:
     """Draws a chart with the work folder's matplotlib: `body` reads the JSON
     file `sys.argv[1]` and draws on a figure `fig`, saved to `png`."""

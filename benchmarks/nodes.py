@@ -35,6 +35,7 @@ from harness import (  # noqa: E402
     plot,
     read_records,
     sh,
+    write_results,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -186,15 +187,8 @@ def main() -> int:
     finally:
         pg.stop()
     rows = summary(runs, args.concurrency)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "nodes.json").write_text(
-        json.dumps({"runs": runs, "summary": rows, "concurrency": args.concurrency}, indent=1)
-    )
-    md = markdown(rows)
-    (args.out / "nodes.md").write_text(md)
-    print(md)
-    work = Work(args.work.resolve(), False)
-    work.python_env([])
+    data = {"runs": runs, "summary": rows, "concurrency": args.concurrency}
+    work = write_results(args.out, "nodes", data, markdown(rows), args.work)
     chart(rows, args.out / "nodes.png", work)
     return 0
 
