@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import Postgres, Work, log, plot, sh, write_results  # noqa: E402
+from harness import Postgres, Work, log, plot, release_cli, write_results  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 HERE = ROOT / "benchmarks"
@@ -125,8 +125,7 @@ def main() -> int:
     p.add_argument("--out", type=Path, default=HERE / "results")
     p.add_argument("--work", type=Path, default=HERE / ".peers", help="the harness's work folder")
     args = p.parse_args()
-    sh(["cargo", "build", "-q", "--release", "--locked", "-p", "gendurable-cli"], cwd=ROOT)
-    cli = ROOT / "target" / "release" / "gendurable"
+    cli = release_cli()
     pg = Postgres()
     pg.start()
     rounds, i = [], 0

@@ -80,6 +80,12 @@ def sh(cmd: list, **kw) -> subprocess.CompletedProcess:
     return subprocess.run([str(c) for c in cmd], check=True, **kw)
 
 
+def release_cli() -> Path:
+    """Builds the `gendurable` command (release) and returns its path."""
+    sh(["cargo", "build", "-q", "--release", "--locked", "-p", "gendurable-cli"], cwd=ROOT)
+    return ROOT / "target" / "release" / "gendurable"
+
+
 def write_results(out: Path, name: str, data: dict, md: str, work: Path) -> Work:
     """Writes `name`.json and `name`.md to `out`, prints the table, and
     returns the work folder whose matplotlib draws the chart."""

@@ -34,7 +34,7 @@ from harness import (  # noqa: E402
     overlapping_pairs,
     plot,
     read_records,
-    sh,
+    release_cli,
     write_results,
 )
 
@@ -165,8 +165,7 @@ def main() -> int:
     args = p.parse_args()
     nodes = [int(n) for n in args.nodes.split(",")]
     workloads = [w.strip() for w in args.workloads.split(",")]
-    sh(["cargo", "build", "-q", "--release", "--locked", "-p", "gendurable-cli"], cwd=ROOT)
-    cli = ROOT / "target" / "release" / "gendurable"
+    cli = release_cli()
     pg = Postgres()
     pg.start()
     runs, i = [], 0
