@@ -173,8 +173,11 @@ const PREFETCH_PER_SLOT: u32 = 250;
 impl EngineConfig {
     /// The most rows a queue of this concurrency claims ahead.
     pub(crate) fn prefetch_for(&self, concurrency: u32) -> u32 {
-        self.prefetch
-            .unwrap_or(concurrency.saturating_mul(PREFETCH_PER_SLOT))
+        self.prefetch.unwrap_or(
+            concurrency
+                .saturating_mul(PREFETCH_PER_SLOT)
+                .min(MAX_PREFETCH),
+        )
     }
 
     /// Check every setting; the first problem found is returned.
@@ -318,6 +321,18 @@ pub(crate) fn hostname() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_default_claim_ahead_stays_within_the_documented_maximum() {
+        let c = EngineConfig::default();
+        assert_eq!(c.prefetch_for(20), 20 * PREFETCH_PER_SLOT);
+        assert_eq!(c.prefetch_for(MAX_QUEUE_CONCURRENCY), MAX_PREFETCH);
+        let set = EngineConfig {
+            prefetch: Some(7),
+            ..EngineConfig::default()
+        };
+        assert_eq!(set.prefetch_for(MAX_QUEUE_CONCURRENCY), 7);
+    }
 
     #[test]
     fn rejects_bad_values() {
