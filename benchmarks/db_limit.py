@@ -18,53 +18,26 @@ db_limit.md and db_limit.png to --out.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import Postgres, Work, log, plot, release_cli, write_results  # noqa: E402
+from harness import Postgres, Work, last_json, log, plot, release_cli, run_against, write_results  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 HERE = ROOT / "benchmarks"
 BATCHES = [160, 400]
 
 
-def raw(pg: Postgres, db: str, rows: int, batch: int) -> float:
-    env = {**os.environ, "DATABASE_URL": pg.db_url(db)}
-    out = subprocess.run(
-        [HERE / "own_table.sh", str(rows), "2", str(batch)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    if out.returncode != 0:
-        raise RuntimeError(f"own_table.sh failed: {out.stderr.strip()[-500:]}")
-    line = next(ln for ln in out.stdout.splitlines() if ln.endswith("rows/s"))
+def raw(url: str, rows: int, batch: int) -> float:
+    out = run_against([HERE / "own_table.sh", rows, 2, batch], url, "own_table.sh")
+    line = next(ln for ln in out.splitlines() if ln.endswith("rows/s"))
     return float(line.split()[0])
 
 
-def w1(cli: Path, pg: Postgres, db: str, rows: int) -> dict:
-    env = {**os.environ, "DATABASE_URL": pg.db_url(db)}
-    out = subprocess.run(
-        [cli, "workload", "w1", "--jobs", str(rows)], env=env, capture_output=True, text=True, timeout=900
-    )
-    if out.returncode != 0:
-        raise RuntimeError(f"w1 failed: {out.stderr.strip()[-500:]}")
-    return json.loads([ln for ln in out.stdout.splitlines() if ln.startswith("{")][-1])
-
-
-def in_fresh_db(pg: Postgres, i: int, f):
-    db = f"db_limit_{i}"
-    pg.sql(f"CREATE DATABASE {db}")
-    try:
-        return f(db)
-    finally:
-        pg.sql(f"DROP DATABASE {db} WITH (FORCE)")
+def w1(cli: Path, url: str, rows: int) -> dict:
+    return last_json(run_against([cli, "workload", "w1", "--jobs", rows], url, "w1"))
 
 
 def med(rs: list[dict], key: str) -> dict:
@@ -137,10 +110,12 @@ def main() -> int:
             for what in order:
                 i += 1
                 if what == "w1":
-                    out = in_fresh_db(pg, i, lambda db: w1(cli, pg, db, args.rows))
+                    with pg.fresh_db(f"db_limit_{i}") as url:
+                        out = w1(cli, url, args.rows)
                     r.update(w1=out["jobs_per_s"], w1_steady=out["steady_jobs_per_s"], ramp_ms=out["ramp_ms"])
                 else:
-                    r[f"raw_{what}"] = in_fresh_db(pg, i, lambda db, b=what: raw(pg, db, args.rows, b))
+                    with pg.fresh_db(f"db_limit_{i}") as url:
+                        r[f"raw_{what}"] = raw(url, args.rows, what)
             r["steady_vs_raw_400"] = r["w1_steady"] / r["raw_400"]
             log(
                 f"round {rnd + 1}/{args.rounds}: raw {r['raw_160']:,.0f} / {r['raw_400']:,.0f} rows/s, "

@@ -10,6 +10,7 @@ this script creates in the work folder (benchmarks/.peers/, never committed).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import heapq
 import json
 import os
@@ -78,6 +79,21 @@ def sh(cmd: list, **kw) -> subprocess.CompletedProcess:
     """Run a setup command; its output goes to the terminal, a failure stops the harness."""
     log("  $ " + " ".join(str(c) for c in cmd))
     return subprocess.run([str(c) for c in cmd], check=True, **kw)
+
+
+def run_against(cmd: list, url: str, what: str) -> str:
+    """Runs a benchmark command with `DATABASE_URL=url`; returns its output,
+    or raises with the end of its errors."""
+    env = {**os.environ, "DATABASE_URL": url}
+    out = subprocess.run([str(c) for c in cmd], env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT)
+    if out.returncode != 0:
+        raise RuntimeError(f"{what} failed: {out.stderr.strip()[-500:]}")
+    return out.stdout
+
+
+def last_json(stdout: str) -> dict:
+    """The last JSON line a runner printed: its result."""
+    return json.loads([ln for ln in stdout.splitlines() if ln.startswith("{")][-1])
 
 
 def release_cli() -> Path:
@@ -289,6 +305,16 @@ class Postgres:
             )
             shutil.rmtree(self.dir, ignore_errors=True)
             self.dir = None
+
+    @contextlib.contextmanager
+    def fresh_db(self, name: str):
+        """A new database `name` for one run (its URL), dropped after it."""
+        self.sql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        self.sql(f"CREATE DATABASE {name}")
+        try:
+            yield self.db_url(name)
+        finally:
+            self.sql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
     def db_url(self, name: str) -> str:
         u = urlsplit(self.url)

@@ -17,10 +17,7 @@ W2's records are checked for overlapping runs of one key, W3's for more than
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -30,11 +27,13 @@ from harness import (  # noqa: E402
     Postgres,
     Work,
     concurrency_profile,
+    last_json,
     log,
     overlapping_pairs,
     plot,
     read_records,
     release_cli,
+    run_against,
     write_results,
 )
 
@@ -53,37 +52,17 @@ def ideal(workload: str, nodes: int, concurrency: int) -> float | None:
 
 
 def run(cli: Path, pg: Postgres, workload: str, nodes: int, jobs: int, concurrency: int, i: int) -> dict:
-    db = f"nodes_{i}"
-    pg.sql(f"CREATE DATABASE {db}")
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
-            record = Path(tmp) / "records.csv"
-            cmd = [
-                cli,
-                "workload",
-                workload,
-                "--nodes",
-                str(nodes),
-                "--jobs",
-                str(jobs),
-                "--concurrency",
-                str(concurrency),
-            ]
-            if workload != "w1":
-                cmd += ["--record", str(record)]
-            env = {**os.environ, "DATABASE_URL": pg.db_url(db)}
-            out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
-            if out.returncode != 0:
-                raise RuntimeError(f"{workload} on {nodes} nodes failed: {out.stderr.strip()[-500:]}")
-            line = [ln for ln in out.stdout.splitlines() if ln.startswith("{")][-1]
-            r = json.loads(line)
-            if workload == "w2":
-                r["violations"] = overlapping_pairs(read_records(record))
-            elif workload == "w3":
-                r["max_at_once"], r["violations"] = concurrency_profile(read_records(record))
-            return r
-    finally:
-        pg.sql(f"DROP DATABASE {db} WITH (FORCE)")
+    with pg.fresh_db(f"nodes_{i}") as url, tempfile.TemporaryDirectory() as tmp:
+        record = Path(tmp) / "records.csv"
+        cmd = [cli, "workload", workload, "--nodes", nodes, "--jobs", jobs, "--concurrency", concurrency]
+        if workload != "w1":
+            cmd += ["--record", record]
+        r = last_json(run_against(cmd, url, f"{workload} on {nodes} nodes"))
+        if workload == "w2":
+            r["violations"] = overlapping_pairs(read_records(record))
+        elif workload == "w3":
+            r["max_at_once"], r["violations"] = concurrency_profile(read_records(record))
+        return r
 
 
 def summary(runs: list[dict], concurrency: int) -> list[dict]:
