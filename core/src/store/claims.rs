@@ -4,7 +4,7 @@
 use super::{Limits, Store};
 use crate::outcome::{Claimed, OutcomeRow};
 use sqlx::postgres::PgRow;
-use sqlx::Row;
+use sqlx::{Column, Row};
 
 /// A pick locks a window of this many candidates per row wanted (plus 8):
 /// rows one limit turns away leave room for the next ones.
@@ -119,10 +119,14 @@ impl Store {
             .bind(node_id)
             .fetch_all(exec)
             .await?;
+        let Some(first) = rows.first() else {
+            return Ok(Vec::new());
+        };
+        let cols = ClaimColumns::of(first)?;
         rows.iter()
             .map(|r| {
                 Ok(Held {
-                    row: claimed_from_row(r)?,
+                    row: cols.read(r)?,
                     executing: r.try_get("executing")?,
                 })
             })
@@ -142,8 +146,13 @@ pub(crate) fn read_handoff(rows: &[PgRow]) -> sqlx::Result<(Handoff, Vec<Claimed
         claimed: Vec::with_capacity(rows.len()),
     };
     let mut reserved = Vec::new();
+    let Some(first) = rows.first() else {
+        return Ok((h, reserved));
+    };
+    let cols = ClaimColumns::of(first)?;
+    let reserved_at = first.try_column("reserved")?.ordinal();
     for r in rows {
-        match r.try_get::<Option<bool>, _>("reserved")? {
+        match r.try_get::<Option<bool>, _>(reserved_at)? {
             None => {
                 h.written = r.try_get::<i32, _>("written")? as usize;
                 h.released = r.try_get::<i32, _>("released")? as usize;
@@ -153,27 +162,59 @@ pub(crate) fn read_handoff(rows: &[PgRow]) -> sqlx::Result<(Handoff, Vec<Claimed
                 let parked: Option<i64> = r.try_get("rate_parked")?;
                 h.rate_parked = parked.map_or(0, |n| n.max(0) as u64);
             }
-            Some(false) => h.claimed.push(claimed_from_row(r)?),
-            Some(true) => reserved.push(claimed_from_row(r)?),
+            Some(false) => h.claimed.push(cols.read(r)?),
+            Some(true) => reserved.push(cols.read(r)?),
         }
     }
     Ok((h, reserved))
 }
 
-/// A claimed row, as the claim path's statements return it.
-fn claimed_from_row(r: &PgRow) -> sqlx::Result<Claimed> {
-    Ok(Claimed {
-        id: r.try_get("id")?,
-        workflow: r.try_get("workflow")?,
-        step: r.try_get("step")?,
-        state: r.try_get("state")?,
-        queue: r.try_get("queue")?,
-        attempt: r.try_get("attempt")?,
-        max_attempts: r.try_get("max_attempts")?,
-        concurrency_key: r.try_get("concurrency_key")?,
-        gate_shard: r.try_get("gate_shard")?,
-        rate_key: r.try_get("rate_key")?,
-        wake: r.try_get("wake")?,
-        token: r.try_get("token")?,
-    })
+/// Where a claimed row's columns are in a result, looked up by name once
+/// per result: a lookup by name hashes the name, and a call reads thousands
+/// of rows of twelve columns.
+struct ClaimColumns([usize; 12]);
+
+impl ClaimColumns {
+    const NAMES: [&'static str; 12] = [
+        "id",
+        "workflow",
+        "step",
+        "state",
+        "queue",
+        "attempt",
+        "max_attempts",
+        "concurrency_key",
+        "gate_shard",
+        "rate_key",
+        "wake",
+        "token",
+    ];
+
+    fn of(r: &PgRow) -> sqlx::Result<ClaimColumns> {
+        let mut at = [0; 12];
+        for (i, name) in Self::NAMES.iter().enumerate() {
+            at[i] = r.try_column(*name)?.ordinal();
+        }
+        Ok(ClaimColumns(at))
+    }
+
+    /// A claimed row, as the claim path's statements return it.
+    fn read(&self, r: &PgRow) -> sqlx::Result<Claimed> {
+        let [id, workflow, step, state, queue, attempt, max_attempts, concurrency_key, gate_shard, rate_key, wake, token] =
+            self.0;
+        Ok(Claimed {
+            id: r.try_get(id)?,
+            workflow: r.try_get(workflow)?,
+            step: r.try_get(step)?,
+            state: r.try_get(state)?,
+            queue: r.try_get(queue)?,
+            attempt: r.try_get(attempt)?,
+            max_attempts: r.try_get(max_attempts)?,
+            concurrency_key: r.try_get(concurrency_key)?,
+            gate_shard: r.try_get(gate_shard)?,
+            rate_key: r.try_get(rate_key)?,
+            wake: r.try_get(wake)?,
+            token: r.try_get(token)?,
+        })
+    }
 }
