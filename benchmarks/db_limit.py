@@ -23,7 +23,17 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import Postgres, Work, last_json, log, plot, release_cli, run_against, write_results  # noqa: E402
+from harness import (  # noqa: E402
+    Postgres,
+    Work,
+    last_json,
+    log,
+    output_args,
+    plot,
+    release_cli,
+    run_against,
+    write_results,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 HERE = ROOT / "benchmarks"
@@ -95,8 +105,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--rows", type=int, default=100_000)
-    p.add_argument("--out", type=Path, default=HERE / "results")
-    p.add_argument("--work", type=Path, default=HERE / ".peers", help="the harness's work folder")
+    output_args(p)
     args = p.parse_args()
     cli = release_cli()
     pg = Postgres()

@@ -81,6 +81,14 @@ def sh(cmd: list, **kw) -> subprocess.CompletedProcess:
     return subprocess.run([str(c) for c in cmd], check=True, **kw)
 
 
+def output_args(p: argparse.ArgumentParser) -> None:
+    """The sibling scripts' --out (where results go) and --work (the
+    harness's work folder, whose matplotlib draws the charts)."""
+    here = Path(__file__).resolve().parent
+    p.add_argument("--out", type=Path, default=here / "results")
+    p.add_argument("--work", type=Path, default=here / ".peers", help="the harness's work folder")
+
+
 def run_against(cmd: list, url: str, what: str) -> str:
     """Runs a benchmark command with `DATABASE_URL=url`; returns its output,
     or raises with the end of its errors."""

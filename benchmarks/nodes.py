@@ -29,6 +29,7 @@ from harness import (  # noqa: E402
     concurrency_profile,
     last_json,
     log,
+    output_args,
     overlapping_pairs,
     plot,
     read_records,
@@ -137,10 +138,7 @@ def main() -> int:
     p.add_argument("--workloads", default="w1,w2,w3")
     p.add_argument("--concurrency", type=int, default=20, help="steps at once per node")
     p.add_argument("--scale", type=float, default=1.0, help="fraction of the job counts")
-    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
-    p.add_argument(
-        "--work", type=Path, default=ROOT / "benchmarks" / ".peers", help="the harness's work folder"
-    )
+    output_args(p)
     args = p.parse_args()
     nodes = [int(n) for n in args.nodes.split(",")]
     workloads = [w.strip() for w in args.workloads.split(",")]
