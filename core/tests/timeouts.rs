@@ -101,6 +101,36 @@ async fn a_step_past_its_timeout_is_stopped_and_retried() {
     engine.shutdown().await.unwrap();
 }
 
+/// A step that never awaits cannot be stopped; one that returns past its
+/// timeout is recorded as timed out all the same (docs/operations.md).
+#[tokio::test]
+async fn a_step_that_returns_past_its_timeout_without_awaiting_timed_out() {
+    let url = support::url();
+    let schema = support::schema("timeouts_blocking");
+    let engine = support::builder(&url, &schema)
+        .queue("default", 2)
+        .backoff(Duration::from_millis(10), Duration::from_millis(10))
+        // Blocks its thread past the timeout on its first attempt.
+        .workflow_fn("Blocking", |_, state, ctx| async move {
+            if ctx.attempt == 1 {
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            Ok(Transition::done(state))
+        })
+        .step_timeout("Blocking", "start", Duration::from_millis(20))
+        .start()
+        .await
+        .unwrap();
+    let id = engine
+        .insert(NewInstance::new("Blocking", json!({})))
+        .await
+        .unwrap();
+    let i = support::wait_final(&engine, id).await;
+    assert_eq!(i.status, Status::Completed);
+    assert_eq!(kinds(&i), ["timeout"]);
+    engine.shutdown().await.unwrap();
+}
+
 /// A node (heartbeat every `heartbeat`, if given) running one `Forever` instance,
 /// whose step never returns: the node, the instance, and a receiver told
 /// when the step's future is dropped.

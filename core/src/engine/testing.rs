@@ -5,7 +5,7 @@ use super::{instance_from_row, Engine};
 use crate::context::Context;
 use crate::error::Result;
 use crate::instance::{Instance, Status};
-use crate::node::{outcome_of, run_user, spawn_user};
+use crate::node::{outcome_of, UserStep};
 use crate::outcome::{Claimed, OutcomeRow};
 use crate::store::{read_handoff, Beat, Call, Demand};
 use serde_json::Value;
@@ -219,8 +219,7 @@ async fn drain(
             outcomes.push(OutcomeRow::release(&row));
             continue;
         };
-        let mut user = spawn_user(&workflow, &row);
-        let (result, timed_out) = run_user(&ctx.cfg, &row, &mut user).await;
+        let (result, timed_out) = UserStep::new(&workflow, &row).run(&ctx.cfg, &row).await;
         let outcome = outcome_of(&ctx.cfg, &row, &*workflow, result, false, timed_out);
         done.count(&outcome);
         outcomes.push(outcome);

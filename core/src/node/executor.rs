@@ -1,16 +1,18 @@
 //! Running a claimed row's step, and starting its key's successor in the
 //! slot it frees.
 
-use super::{lock, panic_message, Running, Shared, Stop};
+use super::{lock, payload_message, Running, Shared, Stop};
 use crate::config::EngineConfig;
 use crate::outcome::{Claimed, OutcomeRow, Promotion};
 use crate::stats::Stats;
 use crate::transition::{Transition, Wake};
 use crate::workflow::{StepContext, StepResult, Workflow};
+use futures::future::{AbortHandle, Abortable, BoxFuture};
+use futures::FutureExt;
+use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
 use tokio::sync::{oneshot, OwnedSemaphorePermit};
-use tokio::task::{JoinError, JoinHandle};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
@@ -90,24 +92,24 @@ pub(super) fn spawn_step(
         sh.prefetch[&row.queue].started();
         let began = Instant::now();
         Stats::add(&sh.ctx.stats.steps_started, 1);
-        let mut user = spawn_user(&workflow, &row);
+        let user = UserStep::new(&workflow, &row);
         let ended = CancellationToken::new();
         let stopped = Arc::new(StdMutex::new(None));
         lock(&sh.running).insert(
             row.id,
             Running {
                 token: row.token,
-                abort: user.abort_handle(),
+                abort: user.abort.clone(),
                 stopped: stopped.clone(),
                 ended: ended.clone(),
             },
         );
         let _ended = ended.drop_guard();
-        let (result, timed_out) = run_user(&sh.ctx.cfg, &row, &mut user).await;
+        let (result, timed_out) = user.run(&sh.ctx.cfg, &row).await;
         sh.prefetch[&row.queue].ran(began.elapsed());
         forget_running(&sh, &row);
         let stop = *lock(&stopped);
-        let aborted = result.as_ref().is_err_and(|j| j.is_cancelled());
+        let aborted = matches!(result, Ended::Stopped);
         if aborted && timed_out.is_none() && stop.is_none() && !sh.shutdown.is_cancelled() {
             // Stopped because this claim is no longer the node's (the row
             // was rescued, or claimed here again): nothing to record.
@@ -198,51 +200,90 @@ pub(super) fn not_admitted(sh: &Shared, row: &Claimed) {
     });
 }
 
-/// Run `row`'s step of `workflow` on a task of its own (a panic there is
-/// the task's, not the caller's).
-pub(crate) fn spawn_user(workflow: &Arc<dyn Workflow>, row: &Claimed) -> JoinHandle<StepResult> {
-    let ctx = StepContext {
-        id: row.id,
-        workflow: row.workflow.clone(),
-        queue: row.queue.clone(),
-        attempt: row.attempt,
-        max_attempts: row.max_attempts,
-        concurrency_key: row.concurrency_key.clone(),
-        rate_limit: row.rate_key.clone(),
-        wake: Wake::from_json(row.wake.clone()),
-    };
-    let (step, state, wf) = (row.step.clone(), row.state.clone(), workflow.clone());
-    // One span per step run, for tracing subscribers (OpenTelemetry through
-    // tracing-opentelemetry, say).
-    let span = tracing::info_span!(
-        "gendurable.step",
-        id = row.id,
-        workflow = %row.workflow,
-        step = %row.step,
-        queue = %row.queue,
-        attempt = row.attempt,
-    );
-    tokio::spawn(async move { wf.step(&step, state, ctx).await }.instrument(span))
+/// How a step's run ended.
+pub(crate) enum Ended {
+    /// The step returned.
+    Returned(StepResult),
+    /// The step panicked, with this message.
+    Panicked(String),
+    /// The step was stopped (its abort handle) before it returned.
+    Stopped,
 }
 
-/// Wait for a step's task, stopping it at the step's timeout: a step past
-/// it is stopped at its next await (one that never awaits runs on; its
-/// outcome is the timeout all the same). Returns the task's end and the
-/// timeout that stopped it.
-pub(crate) async fn run_user(
-    cfg: &EngineConfig,
-    row: &Claimed,
-    user: &mut JoinHandle<StepResult>,
-) -> (Result<StepResult, JoinError>, Option<Duration>) {
-    match cfg.timeout_of(&row.workflow, &row.step) {
-        None => (user.await, None),
-        Some(limit) => tokio::select! {
-            r = &mut *user => (r, None),
-            _ = tokio::time::sleep(limit) => {
-                user.abort();
-                (user.await, Some(limit))
+/// `row`'s step of `workflow`, polled in the caller's task: a panic in it is
+/// caught and becomes its end, and its abort handle stops it at its next
+/// await. One task per step, not two: the task that runs the step is the
+/// one that records it.
+pub(crate) struct UserStep {
+    run: BoxFuture<'static, Ended>,
+    pub abort: AbortHandle,
+}
+
+impl UserStep {
+    pub(crate) fn new(workflow: &Arc<dyn Workflow>, row: &Claimed) -> UserStep {
+        let ctx = StepContext {
+            id: row.id,
+            workflow: row.workflow.clone(),
+            queue: row.queue.clone(),
+            attempt: row.attempt,
+            max_attempts: row.max_attempts,
+            concurrency_key: row.concurrency_key.clone(),
+            rate_limit: row.rate_key.clone(),
+            wake: Wake::from_json(row.wake.clone()),
+        };
+        let (step, state, wf) = (row.step.clone(), row.state.clone(), workflow.clone());
+        // One span per step run, for tracing subscribers (OpenTelemetry
+        // through tracing-opentelemetry, say).
+        let span = tracing::info_span!(
+            "gendurable.step",
+            id = row.id,
+            workflow = %row.workflow,
+            step = %row.step,
+            queue = %row.queue,
+            attempt = row.attempt,
+        );
+        let (abort, registration) = AbortHandle::new_pair();
+        let step =
+            AssertUnwindSafe(async move { wf.step(&step, state, ctx).await }.instrument(span))
+                .catch_unwind();
+        let run = Abortable::new(step, registration).map(|r| match r {
+            Ok(Ok(result)) => Ended::Returned(result),
+            Ok(Err(panic)) => Ended::Panicked(payload_message(&*panic)),
+            Err(_) => Ended::Stopped,
+        });
+        UserStep {
+            run: run.boxed(),
+            abort,
+        }
+    }
+
+    /// Run the step, stopping it at its timeout: a step past it is stopped
+    /// at its next await, and one that returns only after it (it never
+    /// awaited meanwhile) is recorded as timed out all the same. Returns how
+    /// it ended and the timeout that stopped it.
+    pub(crate) async fn run(
+        mut self,
+        cfg: &EngineConfig,
+        row: &Claimed,
+    ) -> (Ended, Option<Duration>) {
+        let Some(limit) = cfg.timeout_of(&row.workflow, &row.step) else {
+            return (self.run.await, None);
+        };
+        let deadline = tokio::time::Instant::now() + limit;
+        tokio::select! {
+            biased;
+            ended = &mut self.run => {
+                if tokio::time::Instant::now() < deadline || matches!(ended, Ended::Stopped) {
+                    (ended, None)
+                } else {
+                    (Ended::Stopped, Some(limit))
+                }
             }
-        },
+            _ = tokio::time::sleep_until(deadline) => {
+                self.abort.abort();
+                (self.run.await, Some(limit))
+            }
+        }
     }
 }
 
@@ -252,13 +293,13 @@ pub(crate) fn outcome_of(
     cfg: &EngineConfig,
     row: &Claimed,
     workflow: &dyn Workflow,
-    result: Result<StepResult, JoinError>,
+    result: Ended,
     cancelled: bool,
     timed_out: Option<Duration>,
 ) -> OutcomeRow {
     match result {
-        Ok(Ok(t)) => OutcomeRow::from_transition(row, cfg, Some(workflow), t),
-        Ok(Err(e)) => OutcomeRow::from_transition(
+        Ended::Returned(Ok(t)) => OutcomeRow::from_transition(row, cfg, Some(workflow), t),
+        Ended::Returned(Err(e)) => OutcomeRow::from_transition(
             row,
             cfg,
             Some(workflow),
@@ -267,16 +308,16 @@ pub(crate) fn outcome_of(
                 detail: Some(format!("{e:?}")),
             },
         ),
-        Err(j) if j.is_panic() => {
-            OutcomeRow::failure(row, cfg, "panic", format!("panic: {}", panic_message(j)))
+        Ended::Panicked(message) => {
+            OutcomeRow::failure(row, cfg, "panic", format!("panic: {message}"))
         }
-        Err(_) if cancelled => OutcomeRow::failure(
+        Ended::Stopped if cancelled => OutcomeRow::failure(
             row,
             cfg,
             "cancel",
             "cancelled while running: the step was stopped".into(),
         ),
-        Err(_) => match timed_out {
+        Ended::Stopped => match timed_out {
             Some(limit) => OutcomeRow::failure(
                 row,
                 cfg,

@@ -7,11 +7,11 @@ use crate::context::Context;
 use crate::error::Result;
 use crate::stats::Stats;
 use crate::store::Beat;
+use futures::future::AbortHandle;
 use std::collections::HashSet;
 use std::sync::atomic::Ordering::{Relaxed, SeqCst};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::task::AbortHandle;
 
 /// Record this node's heartbeat on `exec`. Returns how long ago its previous
 /// heartbeat was recorded (None: it had none, or its row was deleted as dead).

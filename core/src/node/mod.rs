@@ -20,11 +20,12 @@ mod rate_waker;
 mod successors;
 
 /// A step's run outside a node's executor (a drain in the calling task).
-pub(crate) use executor::{outcome_of, run_user, spawn_user};
+pub(crate) use executor::{outcome_of, UserStep};
 
 use crate::context::Context;
 use crate::error::Result;
 use crate::outcome::OutcomeRow;
+use futures::future::AbortHandle;
 use liveness::Liveness;
 use picker::QueueWake;
 use prefetch::{Prefetch, Smoothed};
@@ -34,7 +35,7 @@ use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
 use successors::Successors;
 use tokio::sync::{mpsc, Notify, RwLock, Semaphore};
-use tokio::task::{AbortHandle, JoinHandle};
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -311,10 +312,6 @@ impl Shared {
             w.wake();
         }
     }
-}
-
-fn panic_message(j: tokio::task::JoinError) -> String {
-    payload_message(&*j.into_panic())
 }
 
 fn payload_message(payload: &(dyn std::any::Any + Send)) -> String {
