@@ -186,6 +186,27 @@ impl OutcomeRow {
         }
     }
 
+    /// The final state of a keyless row's `done` outcome, which the call
+    /// records from typed arrays instead of its JSON (the common case, and
+    /// the cheapest to apply: nothing freed, promoted or handed over).
+    pub fn plain_done(&self) -> Option<&Value> {
+        let plain = self.kind == "done"
+            && self.status == "completed"
+            && self.step.is_none()
+            && !self.set_key
+            && self.ckey.is_none()
+            && self.rkey.is_none()
+            && self.delay.is_none()
+            && self.until.is_none()
+            && self.signal.is_none()
+            && self.error.is_none()
+            && self.hkey.is_none()
+            && self.gshard.is_none()
+            && self.next.is_none()
+            && self.ntoken.is_none();
+        self.state.as_ref().filter(|_| plain)
+    }
+
     /// Whether the row is runnable again right away.
     pub fn runnable_now(&self) -> bool {
         self.status == "available"

@@ -59,6 +59,35 @@ async fn handoff_as(
     reserve: bool,
     unreserve: &[(i64, i64)],
 ) -> Call {
+    call_as(
+        pool,
+        schema,
+        node,
+        &[],
+        outcomes,
+        demand,
+        reserve,
+        unreserve,
+    )
+    .await
+}
+
+/// `handoff_as` with keyless rows `done` (id, token, state) sent as the node
+/// sends them: in the call's typed arrays, not in `outcomes`.
+#[allow(clippy::too_many_arguments)]
+async fn call_as(
+    pool: &PgPool,
+    schema: &str,
+    node: &str,
+    done: &[(i64, i64, Value)],
+    outcomes: Value,
+    demand: i32,
+    reserve: bool,
+    unreserve: &[(i64, i64)],
+) -> Call {
+    let done_ids: Vec<i64> = done.iter().map(|d| d.0).collect();
+    let done_tokens: Vec<i64> = done.iter().map(|d| d.1).collect();
+    let done_states: Vec<&Value> = done.iter().map(|d| &d.2).collect();
     let (ids, tokens): (Vec<i64>, Vec<i64>) = unreserve.iter().copied().unzip();
     let (queues, demands): (Vec<&str>, Vec<i32>) = match demand {
         0 => (vec![], vec![]),
@@ -66,7 +95,7 @@ async fn handoff_as(
     };
     let rows = sqlx::query(&format!(
         "SELECT (claimed).id, (claimed).token, reserved, written, promoted
-         FROM \"{schema}\".handoff($1, $2, 'chan', false, $3, $4, $5, $6, $7, $8, 1.0,
+         FROM \"{schema}\".handoff($9, $10, $11, $1, $2, 'chan', false, $3, $4, $5, $6, $7, $8, 1.0,
                                  '{{Job}}', '{{api}}', '{{2}}', '{{1}}', '{{}}', '{{}}', '{{}}')"
     ))
     .bind(outcomes)
@@ -77,6 +106,9 @@ async fn handoff_as(
     .bind(vec![reserve; queues.len()])
     .bind(&ids)
     .bind(&tokens)
+    .bind(&done_ids)
+    .bind(&done_tokens)
+    .bind(&done_states)
     .fetch_all(pool)
     .await
     .unwrap();
@@ -162,6 +194,86 @@ async fn a_replayed_outcome_never_applies_to_a_later_claim() {
     );
     assert_eq!(gate_available(pool, &schema, "api:1").await, Some(2));
     assert_eq!(gate_available(pool, &schema, "api:2").await, Some(1));
+}
+
+/// Keyless rows done go as typed arrays (the common case): fenced like any
+/// outcome, and the row they leave is the row the general outcome leaves.
+#[tokio::test]
+async fn a_plain_done_is_fenced_and_recorded_as_any_done_outcome() {
+    let (engine, schema) = engine("plain_done").await;
+    let pool = engine.pool();
+    let new = || NewInstance::new("Job", json!({"n": 1}));
+    let (a, b) = (
+        engine.insert(new()).await.unwrap(),
+        engine.insert(new()).await.unwrap(),
+    );
+    let keyed = engine
+        .insert(new().concurrency_key("acct:1"))
+        .await
+        .unwrap();
+    let claimed = handoff(pool, &schema, json!([]), 3, false, &[])
+        .await
+        .claimed;
+    let token = |id| claimed.iter().find(|c| c.0 == id).map(|c| c.1).unwrap();
+    let state = json!({"n": 2});
+    let done = |id, token| [(id, token, state.clone())];
+    let none = || json!([]);
+
+    // A stale claim, another node, a row that holds a key (its outcome
+    // frees the key: never through the arrays): none applies.
+    for (node, done) in [
+        (NODE, done(a, token(a) - 1)),
+        ("n2", done(a, token(a))),
+        (NODE, done(keyed, token(keyed))),
+    ] {
+        let call = call_as(pool, &schema, node, &done, none(), 0, false, &[]).await;
+        assert_eq!(call.written, 0, "{node} {done:?}");
+    }
+    assert_eq!(row(pool, &schema, a).await.0, "executing");
+    assert_eq!(row(pool, &schema, keyed).await.0, "executing");
+
+    // `a` through the arrays, `b` through the JSON, in one call.
+    let general = json!([{"id": b, "token": token(b), "kind": "done", "status": "completed",
+                          "state": state}]);
+    let both = call_as(
+        pool,
+        &schema,
+        NODE,
+        &done(a, token(a)),
+        general,
+        0,
+        false,
+        &[],
+    )
+    .await;
+    assert_eq!(both.written, 2);
+    let sql = format!(
+        "SELECT to_jsonb(i) - 'id' - 'inserted_at' FROM \"{schema}\".instances i WHERE id = $1"
+    );
+    let left = |id| {
+        sqlx::query_scalar::<_, Value>(&sql)
+            .bind(id)
+            .fetch_one(pool)
+    };
+    let (left_a, left_b) = (left(a).await.unwrap(), left(b).await.unwrap());
+    assert_eq!(left_a, left_b);
+    assert_eq!(left_a["status"], "completed");
+    assert_eq!(left_a["state"], state);
+    assert!(left_a["finished_at"].is_string());
+
+    // Replayed (its answer lost): fenced.
+    let replay = call_as(
+        pool,
+        &schema,
+        NODE,
+        &done(a, token(a)),
+        none(),
+        0,
+        false,
+        &[],
+    )
+    .await;
+    assert_eq!(replay.written, 0);
 }
 
 /// The same for a K = 1 key: the replay must not free the key of the row's

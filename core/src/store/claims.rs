@@ -4,6 +4,7 @@
 use super::{Limits, Store};
 use crate::outcome::{Claimed, OutcomeRow};
 use sqlx::postgres::PgRow;
+use sqlx::types::Json;
 use sqlx::{Column, Row};
 
 /// A pick locks a window of this many candidates per row wanted (plus 8):
@@ -74,8 +75,23 @@ impl Store {
         let reserve: Vec<bool> = d.iter().map(|d| d.reserve).collect();
         let (unreserve, unreserve_tokens): (Vec<i64>, Vec<i64>) =
             call.unreserve.iter().copied().unzip();
+        let (mut done_ids, mut done_tokens, mut done_states) = (vec![], vec![], vec![]);
+        let mut outcomes = Vec::new();
+        for o in call.outcomes {
+            match o.plain_done() {
+                Some(state) => {
+                    done_ids.push(o.id);
+                    done_tokens.push(o.token);
+                    done_states.push(Json(state));
+                }
+                None => outcomes.push(o),
+            }
+        }
         sqlx::query(&self.sql.handoff)
-            .bind(sqlx::types::Json(call.outcomes))
+            .bind(&done_ids)
+            .bind(&done_tokens)
+            .bind(&done_states)
+            .bind(Json(&outcomes))
             .bind(call.node_id)
             .bind(&self.sql.channel)
             .bind(call.notify)
