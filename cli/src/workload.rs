@@ -26,6 +26,10 @@ pub struct Args {
     /// Jobs; the workload's own default when omitted.
     #[arg(long)]
     jobs: Option<usize>,
+    /// w1: steps per job (every step but the last moves its job on to the
+    /// next); rates count jobs, `steps_per_s` steps.
+    #[arg(long, default_value_t = 1)]
+    steps: u32,
     /// Where W2 and W3 write `key,start_ns,end_ns` per job.
     #[arg(long)]
     record: Option<std::path::PathBuf>,
@@ -127,7 +131,7 @@ struct Fleet {
 /// Run the workload `args` names with the first of the fleet's nodes here.
 async fn workload(args: &Args, node: &Node, fleet: &Fleet) -> Result<serde_json::Value> {
     Ok(match args.workload.as_str() {
-        "w1" => w1(node, args.jobs.unwrap_or(20_000), fleet).await?,
+        "w1" => w1(node, args.jobs.unwrap_or(20_000), args.steps.max(1), fleet).await?,
         "w2" => {
             let n = args.jobs.unwrap_or(10_000);
             let make = |i| NewInstance::new("Job", json!({})).concurrency_key(("acct", i % 100));
@@ -263,7 +267,9 @@ fn shape(workload: &str) -> Result<(Option<(&'static str, GateConfig)>, Duration
 }
 
 /// An engine on `schema` whose one workflow sleeps `pause` and records its
-/// start and end.
+/// start and end. A job whose state holds `left` steps moves on to its next
+/// step until none is left (the count travels with the job, so every node of
+/// a fleet runs it alike).
 async fn engine(
     node: &Node,
     schema: &str,
@@ -283,7 +289,12 @@ async fn engine(
                 }
                 let key = ctx.concurrency_key.unwrap_or_default();
                 rec.lock().unwrap().push((key, start, now_ns()));
-                Ok(Transition::done(state))
+                Ok(match state.get("left").and_then(|l| l.as_u64()) {
+                    Some(left) if left > 0 => {
+                        Transition::next("again", json!({ "left": left - 1 }))
+                    }
+                    _ => Transition::done(state),
+                })
             }
         });
     if let Some((name, g)) = gate {
@@ -345,16 +356,34 @@ pub(crate) fn result(
     v
 }
 
-async fn w1(node: &Node, n: usize, fleet: &Fleet) -> Result<serde_json::Value> {
+async fn w1(node: &Node, n: usize, steps: u32, fleet: &Fleet) -> Result<serde_json::Value> {
     let (schema, rec) = (schema(), Records::default());
     let engine = engine(node, &schema, None, Duration::ZERO, &rec).await?;
+    let state = match steps {
+        1 => json!({}),
+        _ => json!({ "left": steps - 1 }),
+    };
     let t = Instant::now();
     engine
-        .insert_many((0..n).map(|_| NewInstance::new("Job", json!({}))).collect())
+        .insert_many(
+            (0..n)
+                .map(|_| NewInstance::new("Job", state.clone()))
+                .collect(),
+        )
         .await?;
     let insert = t.elapsed().as_secs_f64();
-    let mut out = on_nodes(node, &engine, "w1", &schema, n, fleet, &None, &rec).await?;
+    let total = n * steps as usize;
+    let mut out = on_nodes(node, &engine, "w1", &schema, total, fleet, &None, &rec).await?;
     out["insert_per_s"] = json!(n as f64 / insert);
+    if steps > 1 {
+        // on_nodes counted steps: its rates are steps a second.
+        let per_job = |v: &serde_json::Value| json!(v.as_f64().unwrap_or(0.0) / steps as f64);
+        out["steps"] = json!(steps);
+        out["steps_per_s"] = out["jobs_per_s"].clone();
+        out["jobs_per_s"] = per_job(&out["jobs_per_s"]);
+        out["steady_jobs_per_s"] = per_job(&out["steady_jobs_per_s"]);
+        out["jobs"] = json!(n);
+    }
     Ok(out)
 }
 
