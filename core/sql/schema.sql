@@ -28,12 +28,12 @@ CREATE FUNCTION gendurable.enqueue(workflow text, state jsonb DEFAULT '{}'::json
     AS -- sql/functions/enqueue.sql, source md5 94704d4008f26401cf027212596436b9
 ;
 
-CREATE FUNCTION gendurable.handoff(done_ids bigint[], done_tokens bigint[], done_states jsonb[], outcomes jsonb, node_id text, channel text, notify boolean, queues text[], demands integer[], skip_pick boolean[], reserve boolean[], unreserve bigint[], unreserve_tokens bigint[], win_factor double precision, workflows text[], gate_names text[], gate_limits integer[], gate_shards integer[], rate_names text[], rate_intervals double precision[], rate_tolerances double precision[]) RETURNS TABLE(claimed gendurable.claim, reserved boolean, written integer, released integer, handed_over integer, released_keys text[], promoted bigint[])
+CREATE FUNCTION gendurable.handoff(plain_ids bigint[], plain_tokens bigint[], plain_steps text[], plain_states jsonb[], outcomes jsonb, node_id text, channel text, notify boolean, queues text[], demands integer[], skip_pick boolean[], reserve boolean[], unreserve bigint[], unreserve_tokens bigint[], win_factor double precision, workflows text[], gate_names text[], gate_limits integer[], gate_shards integer[], rate_names text[], rate_intervals double precision[], rate_tolerances double precision[]) RETURNS TABLE(claimed gendurable.claim, reserved boolean, written integer, released integer, handed_over integer, released_keys text[], promoted bigint[])
     LANGUAGE plpgsql
     SET search_path TO 'gendurable'
     SET plan_cache_mode TO 'force_generic_plan'
     SET jit TO 'off'
-    AS -- sql/functions/handoff.sql, source md5 31de05590c5e53602b2815eabd906365
+    AS -- sql/functions/handoff.sql, source md5 5efe4e03b35e9b9e538f81e0167fcf30
 ;
 
 CREATE FUNCTION gendurable.key_room(keys text[], gate_names text[], gate_limits integer[]) RETURNS TABLE(key text, room integer)

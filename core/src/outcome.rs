@@ -186,14 +186,18 @@ impl OutcomeRow {
         }
     }
 
-    /// The final state of a keyless row's `done` outcome, which the call
-    /// records from typed arrays instead of its JSON (the common case, and
-    /// the cheapest to apply: nothing freed, promoted or handed over).
-    pub fn plain_done(&self) -> Option<&Value> {
-        let plain = self.kind == "done"
-            && self.status == "completed"
-            && self.step.is_none()
-            && !self.set_key
+    /// For a row that holds no key and is done, or moves on to its next step
+    /// now (no delay, key or rate limit): its next step (`None`: done) and
+    /// its state. The call records these from typed arrays instead of its
+    /// JSON (the common case, and the cheapest to apply: nothing freed,
+    /// promoted or handed over).
+    pub fn plain(&self) -> Option<(Option<&str>, &Value)> {
+        let step = match (self.kind, self.status, &self.step) {
+            ("done", "completed", None) => None,
+            ("next", "available", Some(step)) => Some(step.as_str()),
+            _ => return None,
+        };
+        let plain = !self.set_key
             && self.ckey.is_none()
             && self.rkey.is_none()
             && self.delay.is_none()
@@ -204,7 +208,10 @@ impl OutcomeRow {
             && self.gshard.is_none()
             && self.next.is_none()
             && self.ntoken.is_none();
-        self.state.as_ref().filter(|_| plain)
+        self.state
+            .as_ref()
+            .filter(|_| plain)
+            .map(|state| (step, state))
     }
 
     /// Whether the row is runnable again right away.

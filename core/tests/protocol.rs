@@ -72,22 +72,24 @@ async fn handoff_as(
     .await
 }
 
-/// `handoff_as` with keyless rows `done` (id, token, state) sent as the node
-/// sends them: in the call's typed arrays, not in `outcomes`.
+/// `handoff_as` with keyless rows done or moved on to their next step,
+/// `plain` (id, token, next step or `None` for done, state), sent as the
+/// node sends them: in the call's typed arrays, not in `outcomes`.
 #[allow(clippy::too_many_arguments)]
 async fn call_as(
     pool: &PgPool,
     schema: &str,
     node: &str,
-    done: &[(i64, i64, Value)],
+    plain: &[(i64, i64, Option<&str>, Value)],
     outcomes: Value,
     demand: i32,
     reserve: bool,
     unreserve: &[(i64, i64)],
 ) -> Call {
-    let done_ids: Vec<i64> = done.iter().map(|d| d.0).collect();
-    let done_tokens: Vec<i64> = done.iter().map(|d| d.1).collect();
-    let done_states: Vec<&Value> = done.iter().map(|d| &d.2).collect();
+    let plain_ids: Vec<i64> = plain.iter().map(|p| p.0).collect();
+    let plain_tokens: Vec<i64> = plain.iter().map(|p| p.1).collect();
+    let plain_steps: Vec<Option<&str>> = plain.iter().map(|p| p.2).collect();
+    let plain_states: Vec<&Value> = plain.iter().map(|p| &p.3).collect();
     let (ids, tokens): (Vec<i64>, Vec<i64>) = unreserve.iter().copied().unzip();
     let (queues, demands): (Vec<&str>, Vec<i32>) = match demand {
         0 => (vec![], vec![]),
@@ -95,7 +97,7 @@ async fn call_as(
     };
     let rows = sqlx::query(&format!(
         "SELECT (claimed).id, (claimed).token, reserved, written, promoted
-         FROM \"{schema}\".handoff($9, $10, $11, $1, $2, 'chan', false, $3, $4, $5, $6, $7, $8, 1.0,
+         FROM \"{schema}\".handoff($9, $10, $11, $12, $1, $2, 'chan', false, $3, $4, $5, $6, $7, $8, 1.0,
                                  '{{Job}}', '{{api}}', '{{2}}', '{{1}}', '{{}}', '{{}}', '{{}}')"
     ))
     .bind(outcomes)
@@ -106,9 +108,10 @@ async fn call_as(
     .bind(vec![reserve; queues.len()])
     .bind(&ids)
     .bind(&tokens)
-    .bind(&done_ids)
-    .bind(&done_tokens)
-    .bind(&done_states)
+    .bind(&plain_ids)
+    .bind(&plain_tokens)
+    .bind(&plain_steps)
+    .bind(&plain_states)
     .fetch_all(pool)
     .await
     .unwrap();
@@ -196,57 +199,73 @@ async fn a_replayed_outcome_never_applies_to_a_later_claim() {
     assert_eq!(gate_available(pool, &schema, "api:2").await, Some(1));
 }
 
-/// Keyless rows done go as typed arrays (the common case): fenced like any
-/// outcome, and the row they leave is the row the general outcome leaves.
+/// Keyless rows done or moved on to their next step go as typed arrays (the
+/// common case): fenced like any outcome, and the row they leave is the row
+/// the general outcome leaves, a cancellation requested meanwhile included.
 #[tokio::test]
-async fn a_plain_done_is_fenced_and_recorded_as_any_done_outcome() {
-    let (engine, schema) = engine("plain_done").await;
+async fn a_plain_outcome_is_fenced_and_recorded_as_the_general_one() {
+    let (engine, schema) = engine("plain").await;
     let pool = engine.pool();
     let new = || NewInstance::new("Job", json!({"n": 1}));
-    let (a, b) = (
-        engine.insert(new()).await.unwrap(),
-        engine.insert(new()).await.unwrap(),
-    );
     let keyed = engine
         .insert(new().concurrency_key("acct:1"))
         .await
         .unwrap();
-    let claimed = handoff(pool, &schema, json!([]), 3, false, &[])
+    let mut pairs = Vec::new();
+    for _ in 0..3 {
+        let x = engine.insert(new()).await.unwrap();
+        pairs.push((x, engine.insert(new()).await.unwrap()));
+    }
+    let claimed = handoff(pool, &schema, json!([]), 7, false, &[])
         .await
         .claimed;
+    assert_eq!(claimed.len(), 7);
     let token = |id| claimed.iter().find(|c| c.0 == id).map(|c| c.1).unwrap();
     let state = json!({"n": 2});
-    let done = |id, token| [(id, token, state.clone())];
     let none = || json!([]);
 
     // A stale claim, another node, a row that holds a key (its outcome
     // frees the key: never through the arrays): none applies.
-    for (node, done) in [
-        (NODE, done(a, token(a) - 1)),
-        ("n2", done(a, token(a))),
-        (NODE, done(keyed, token(keyed))),
+    let a = pairs[0].0;
+    for (node, plain) in [
+        (NODE, [(a, token(a) - 1, None, state.clone())]),
+        ("n2", [(a, token(a), None, state.clone())]),
+        (NODE, [(keyed, token(keyed), Some("again"), state.clone())]),
     ] {
-        let call = call_as(pool, &schema, node, &done, none(), 0, false, &[]).await;
-        assert_eq!(call.written, 0, "{node} {done:?}");
+        let call = call_as(pool, &schema, node, &plain, none(), 0, false, &[]).await;
+        assert_eq!(call.written, 0, "{node} {plain:?}");
     }
     assert_eq!(row(pool, &schema, a).await.0, "executing");
     assert_eq!(row(pool, &schema, keyed).await.0, "executing");
 
-    // `a` through the arrays, `b` through the JSON, in one call.
-    let general = json!([{"id": b, "token": token(b), "kind": "done", "status": "completed",
-                          "state": state}]);
-    let both = call_as(
-        pool,
-        &schema,
-        NODE,
-        &done(a, token(a)),
-        general,
-        0,
-        false,
-        &[],
-    )
-    .await;
-    assert_eq!(both.written, 2);
+    // The third pair's cancellation is requested while its rows run.
+    sqlx::query(&format!(
+        "UPDATE \"{schema}\".instances SET cancel_requested = true WHERE id = ANY ($1)"
+    ))
+    .bind(vec![pairs[2].0, pairs[2].1])
+    .execute(pool)
+    .await
+    .unwrap();
+    // Done, next, next: each pair's first row through the arrays, its second
+    // through the JSON, all in one call.
+    let steps = [None, Some("again"), Some("again")];
+    let plain: Vec<_> = pairs
+        .iter()
+        .zip(steps)
+        .map(|(&(x, _), step)| (x, token(x), step, state.clone()))
+        .collect();
+    let general: Vec<Value> = pairs
+        .iter()
+        .zip(steps)
+        .map(|(&(_, y), step)| match step {
+            None => json!({"id": y, "token": token(y), "kind": "done", "status": "completed",
+                           "state": state}),
+            Some(step) => json!({"id": y, "token": token(y), "kind": "next",
+                                 "status": "available", "step": step, "state": state}),
+        })
+        .collect();
+    let call = call_as(pool, &schema, NODE, &plain, json!(general), 0, false, &[]).await;
+    assert_eq!(call.written, 6);
     let sql = format!(
         "SELECT to_jsonb(i) - 'id' - 'inserted_at' FROM \"{schema}\".instances i WHERE id = $1"
     );
@@ -255,24 +274,15 @@ async fn a_plain_done_is_fenced_and_recorded_as_any_done_outcome() {
             .bind(id)
             .fetch_one(pool)
     };
-    let (left_a, left_b) = (left(a).await.unwrap(), left(b).await.unwrap());
-    assert_eq!(left_a, left_b);
-    assert_eq!(left_a["status"], "completed");
-    assert_eq!(left_a["state"], state);
-    assert!(left_a["finished_at"].is_string());
+    for (&(x, y), status) in pairs.iter().zip(["completed", "available", "cancelled"]) {
+        let (left_x, left_y) = (left(x).await.unwrap(), left(y).await.unwrap());
+        assert_eq!(left_x, left_y, "{status}");
+        assert_eq!(left_x["status"], status);
+        assert_eq!(left_x["state"], state);
+    }
 
     // Replayed (its answer lost): fenced.
-    let replay = call_as(
-        pool,
-        &schema,
-        NODE,
-        &done(a, token(a)),
-        none(),
-        0,
-        false,
-        &[],
-    )
-    .await;
+    let replay = call_as(pool, &schema, NODE, &plain, none(), 0, false, &[]).await;
     assert_eq!(replay.written, 0);
 }
 

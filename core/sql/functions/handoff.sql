@@ -1,9 +1,10 @@
 -- Outcomes, promotions, handovers, claims and reservations in one call (one
 -- round trip, one commit).
 --
--- `done_ids`/`done_tokens`/`done_states`: keyless rows done, the common
--- case, as typed arrays (no JSON to parse, no per-kind cases); `outcomes`:
--- every other outcome, as a JSON array (see OutcomeRow). An outcome applies
+-- `plain_ids`/`plain_tokens`/`plain_steps`/`plain_states`: keyless rows
+-- done (step NULL) or moved on to their next step now, the common case, as
+-- typed arrays (no JSON to parse, no per-kind cases); `outcomes`: every
+-- other outcome, as a JSON array (see OutcomeRow). An outcome applies
 -- only while its row is executing on this node under its token and still
 -- holds the key and shard the outcome names, so a late outcome of a rescued
 -- row is dropped; `next`/`ntoken` name the reserved successor the node
@@ -29,7 +30,8 @@
 -- runs under this node now (promoted here, or by an earlier call whose answer
 -- was lost). A successor not listed was not admitted, and its node must not
 -- let it finish.
-CREATE OR REPLACE FUNCTION handoff(done_ids bigint[], done_tokens bigint[], done_states jsonb[],
+CREATE OR REPLACE FUNCTION handoff(plain_ids bigint[], plain_tokens bigint[], plain_steps text[],
+                        plain_states jsonb[],
                         outcomes jsonb, node_id text, channel text, notify boolean,
                         queues text[], demands integer[], skip_pick boolean[], reserve boolean[],
                         unreserve bigint[], unreserve_tokens bigint[], win_factor float8, workflows text[],
@@ -45,7 +47,7 @@ AS $$
 #variable_conflict use_column
 DECLARE
     n_written integer := 0;
-    n_done integer := 0;
+    n_plain integer := 0;
     n_unreserved integer := 0;
     n_unparked integer := 0;
     -- The freed keys still free at the end.
@@ -97,20 +99,25 @@ BEGIN
         END LOOP;
     END IF;
 
-    -- The general statement below, for a `done` outcome of a row that holds
-    -- no key: nothing freed, nothing to hand over or promote. Each element
-    -- reaches its row through the primary key (`status || ''` keeps the
-    -- planner off instances_executing, which on stale statistics it may
-    -- take for one row and scan once per element of the arrays).
-    IF cardinality(done_ids) > 0 THEN
+    -- The general statement below, for a row that holds no key and is done
+    -- or moves on to its next step now (no delay, key or rate limit):
+    -- nothing freed, nothing to hand over or promote. Each element reaches
+    -- its row through the primary key (`status || ''` keeps the planner off
+    -- instances_executing, which on stale statistics it may take for one row
+    -- and scan once per element of the arrays).
+    IF cardinality(plain_ids) > 0 THEN
         UPDATE instances i SET
-            status = 'completed', state = o.state, rate_key = NULL, attempt = 0, wake = NULL,
-            scheduled_at = now(), await_signal = NULL, await_until = NULL, finished_at = now(),
+            status = CASE WHEN o.step IS NULL THEN 'completed'
+                          WHEN i.cancel_requested THEN 'cancelled'
+                          ELSE 'available' END,
+            step = coalesce(o.step, i.step), state = o.state, rate_key = NULL, attempt = 0,
+            wake = NULL, scheduled_at = now(), await_signal = NULL, await_until = NULL,
+            finished_at = CASE WHEN o.step IS NULL OR i.cancel_requested THEN now() END,
             node = NULL, gate_shard = NULL
-        FROM unnest(done_ids, done_tokens, done_states) AS o(id, token, state)
+        FROM unnest(plain_ids, plain_tokens, plain_steps, plain_states) AS o(id, token, step, state)
         WHERE i.id = o.id AND i.status || '' = 'executing' AND i.node = node_id AND i.token = o.token
           AND i.concurrency_key IS NULL AND i.gate_shard IS NULL;
-        GET DIAGNOSTICS n_done = ROW_COUNT;
+        GET DIAGNOSTICS n_plain = ROW_COUNT;
     END IF;
 
     IF jsonb_array_length(outcomes) > 0 THEN
@@ -433,7 +440,7 @@ BEGIN
     IF notify AND cardinality(r_key) + n_unreserved > 0 THEN
         PERFORM pg_notify(channel, '*' || node_id);
     END IF;
-    RETURN QUERY SELECT NULL::claim, NULL::boolean, n_written + n_done, cardinality(r_key) + n_unreserved,
+    RETURN QUERY SELECT NULL::claim, NULL::boolean, n_written + n_plain, cardinality(r_key) + n_unreserved,
                         coalesce(cardinality(h_id), 0), r_key, p_id;
 END
 $$;

@@ -8,4 +8,4 @@ SELECT (claimed).*, reserved, written, released, handed_over, released_keys, pro
             THEN coalesce(nullif(current_setting('gendurable.rate_parked', true), '')::bigint, 0)
        END AS rate_parked
 FROM __S__.handoff($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18,
-                   $19, $20, $21)
+                   $19, $20, $21, $22)

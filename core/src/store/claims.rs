@@ -75,22 +75,24 @@ impl Store {
         let reserve: Vec<bool> = d.iter().map(|d| d.reserve).collect();
         let (unreserve, unreserve_tokens): (Vec<i64>, Vec<i64>) =
             call.unreserve.iter().copied().unzip();
-        let (mut done_ids, mut done_tokens, mut done_states) = (vec![], vec![], vec![]);
+        let (mut ids, mut tokens, mut steps, mut states) = (vec![], vec![], vec![], vec![]);
         let mut outcomes = Vec::new();
         for o in call.outcomes {
-            match o.plain_done() {
-                Some(state) => {
-                    done_ids.push(o.id);
-                    done_tokens.push(o.token);
-                    done_states.push(Json(state));
+            match o.plain() {
+                Some((step, state)) => {
+                    ids.push(o.id);
+                    tokens.push(o.token);
+                    steps.push(step);
+                    states.push(Json(state));
                 }
                 None => outcomes.push(o),
             }
         }
         sqlx::query(&self.sql.handoff)
-            .bind(&done_ids)
-            .bind(&done_tokens)
-            .bind(&done_states)
+            .bind(&ids)
+            .bind(&tokens)
+            .bind(&steps)
+            .bind(&states)
             .bind(Json(&outcomes))
             .bind(call.node_id)
             .bind(&self.sql.channel)
