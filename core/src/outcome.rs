@@ -415,10 +415,83 @@ pub(crate) fn check_rate_key(cfg: &EngineConfig, key: &str) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::backoff;
+    use super::{backoff, Claimed, OutcomeRow};
     use crate::config::EngineConfig;
+    use crate::transition::{KeyChange, NextOptions, Transition};
     use crate::workflow::WorkflowDefaults;
+    use serde_json::json;
     use std::time::Duration;
+
+    /// Only outcomes that free, set or schedule nothing take the typed
+    /// arrays: a keyless row done, or moved on to its next step now.
+    #[test]
+    fn only_keyless_rows_done_or_moved_on_now_are_plain() {
+        let row = |key: Option<&str>| Claimed {
+            id: 1,
+            workflow: "W".into(),
+            step: "a".into(),
+            state: json!({}),
+            queue: "default".into(),
+            attempt: 1,
+            max_attempts: 3,
+            concurrency_key: key.map(Into::into),
+            gate_shard: None,
+            rate_key: None,
+            wake: None,
+            token: 1,
+        };
+        let mut cfg = EngineConfig::default();
+        let rate = crate::config::RateConfig::new(5, Duration::from_secs(1));
+        cfg.rates.insert("rl".into(), rate);
+        let of = |key, t| OutcomeRow::from_transition(&row(key), &cfg, None, t);
+        let next = |options| Transition::next_with("b", json!({"n": 1}), options);
+        let plain = |o: &OutcomeRow| o.plain().map(|(step, _)| step.map(str::to_owned));
+
+        assert_eq!(plain(&of(None, Transition::done(json!({})))), Some(None));
+        let now = next(NextOptions::default());
+        assert_eq!(plain(&of(None, now.clone())), Some(Some("b".into())));
+        for (key, t) in [
+            (Some("acct:1"), Transition::done(json!({}))),
+            (Some("acct:1"), now),
+            (
+                None,
+                next(NextOptions {
+                    delay: Some(Duration::from_secs(1)),
+                    ..Default::default()
+                }),
+            ),
+            (
+                None,
+                next(NextOptions {
+                    rate_limit: Some("rl:1".into()),
+                    ..Default::default()
+                }),
+            ),
+            (
+                None,
+                next(NextOptions {
+                    concurrency_key: KeyChange::Release,
+                    ..Default::default()
+                }),
+            ),
+            (
+                None,
+                Transition::Snooze {
+                    delay: Duration::from_secs(1),
+                },
+            ),
+            (
+                None,
+                Transition::Error {
+                    reason: "no".into(),
+                    detail: None,
+                },
+            ),
+        ] {
+            assert_eq!(plain(&of(key, t.clone())), None, "{t:?} with key {key:?}");
+        }
+        assert_eq!(plain(&OutcomeRow::release(&row(None))), None);
+    }
 
     /// A workflow's own backoff replaces the engine's for its errors only.
     #[test]
