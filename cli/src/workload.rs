@@ -377,12 +377,14 @@ async fn w1(node: &Node, n: usize, steps: u32, fleet: &Fleet) -> Result<serde_js
     out["insert_per_s"] = json!(n as f64 / insert);
     if steps > 1 {
         // on_nodes counted steps: its rates are steps a second.
-        let per_job = |v: &serde_json::Value| json!(v.as_f64().unwrap_or(0.0) / steps as f64);
         out["steps"] = json!(steps);
         out["steps_per_s"] = out["jobs_per_s"].clone();
-        out["jobs_per_s"] = per_job(&out["jobs_per_s"]);
-        out["steady_jobs_per_s"] = per_job(&out["steady_jobs_per_s"]);
         out["jobs"] = json!(n);
+        for rate in ["jobs_per_s", "steady_jobs_per_s"] {
+            if let Some(r) = out[rate].as_f64() {
+                out[rate] = json!(r / steps as f64);
+            }
+        }
     }
     Ok(out)
 }
