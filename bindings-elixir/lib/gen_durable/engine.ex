@@ -64,9 +64,9 @@ end
 defmodule GenDurable.Dispatcher do
   @moduledoc false
   # Starts and watches the step processes (runners, see `GenDurable.Runner`).
-  # The core hands each step to an idle runner directly; with none idle it
-  # queues the step in the NIF and sends `:gen_durable_steps` here (once
-  # while one is outstanding), and the dispatcher starts a runner per
+  # The core queues each step in the NIF and wakes an idle runner; with none
+  # idle it sends `:gen_durable_steps` here (once while one is
+  # outstanding), and the dispatcher starts a runner per
   # queued step (`Native.dispatcher_wanted/1`). A runner runs steps one
   # after another while its process stays as it started (see the Runner);
   # otherwise it ends after its step, and the pool grows again on demand.
@@ -230,7 +230,7 @@ defmodule GenDurable.Runner do
   @doc false
   def await(r) do
     receive do
-      {:gen_durable_step, handle} -> step(handle, r)
+      :gen_durable_step -> loop(r)
       :gen_durable_stop -> :ok
     after
       # Idle for a while: the heap (and the binaries it holds) is freed.

@@ -2,16 +2,19 @@
 //!
 //! The workflow adapter (`ElixirWorkflow`) keeps everything a step needs in
 //! its handle (a `StepRes`). Steps run in a pool of long-lived processes
-//! (runners) that the engine's dispatcher starts and monitors: a new step's
-//! handle goes straight to an idle runner as `{:gen_durable_step, handle}`;
-//! with none idle it is queued and the dispatcher, told with one
-//! `:gen_durable_steps` however many arrive meanwhile, starts runners. A
-//! runner that ends a step takes the next queued one itself
-//! (`runner_next/2`), without a message. The runner takes the step with
-//! `step_begin/1`: the state and context become terms there, in that
-//! process, on a dirty scheduler unless they are small. A handle is taken
-//! once, so a step sent twice (after its dispatcher was replaced) still runs
-//! once.
+//! (runners) that the engine's dispatcher starts and monitors: a new step is
+//! queued and an idle runner woken with `:gen_durable_step`; with none idle
+//! the dispatcher, told with one `:gen_durable_steps` however many arrive
+//! meanwhile, starts runners. A runner takes queued steps itself
+//! (`runner_next/2`), one after another, without a message while any is
+//! queued. The step's handle (a resource) is made there, on a scheduler, and
+//! the runner takes the step with `step_begin/1`: the state and context
+//! become terms in that process, on a dirty scheduler unless they are small.
+//! Nothing the BEAM allocates is made on the runtime's threads per step but
+//! the wake-up itself: memory the BEAM hands out to a thread it does not
+//! manage and frees on a scheduler goes back through its aux thread, a
+//! wake-up more. A step is taken once, so a step queued again (after its
+//! dispatcher was replaced) still runs once.
 //!
 //! * A dispatcher that dies loses nothing: queued steps wait for the next
 //!   one, which also monitors the runners of the one before (they stop
@@ -39,6 +42,7 @@ use gendurable::{
 use rustler::types::tuple::get_tuple;
 use rustler::{Atom, Encoder, Env, LocalPid, NifResult, OwnedEnv, ResourceArc, Term};
 use serde_json::Value;
+use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -71,21 +75,24 @@ pub struct Dispatcher {
 }
 
 /// Steps run in a pool of long-lived processes (runners) that the dispatcher
-/// starts. A new step goes straight to an idle runner, as
-/// `{:gen_durable_step, handle}`; with none idle it joins the queue, and the
-/// dispatcher is sent `:gen_durable_steps` (once while the queue has such a
-/// message outstanding) to start runners. A runner that ends a step takes
-/// the next queued one itself (`runner_next/2`), or is recorded as idle.
+/// starts. A new step joins the queue and an idle runner is woken with
+/// `:gen_durable_step`; with none idle the dispatcher is sent
+/// `:gen_durable_steps` (once while the queue has such a message
+/// outstanding) to start runners. A runner takes the next queued step itself
+/// (`runner_next/2`), or is recorded as idle. A runner woken for a step
+/// another one took meanwhile finds the queue empty and is idle again; one
+/// that dies before taking it leaves it queued (its dispatcher, told of the
+/// exit, starts another).
 #[derive(Default)]
 struct Queue {
-    steps: VecDeque<ResourceArc<StepRes>>,
+    steps: VecDeque<Arc<Step>>,
     /// `:gen_durable_steps` was sent and not answered yet.
     rung: bool,
     /// Runners waiting for a step, the most recently idle last.
     idle: Vec<LocalPid>,
-    /// The step each runner took or was sent last: settled with the
-    /// runner's exit reason should it die (`runner_exited/3`).
-    current: HashMap<LocalPid, ResourceArc<StepRes>>,
+    /// The step each runner took last: settled with the runner's exit
+    /// reason should it die (`runner_exited/3`).
+    current: HashMap<LocalPid, Arc<Step>>,
 }
 
 impl Dispatcher {
@@ -126,23 +133,19 @@ impl Dispatcher {
         });
     }
 
-    /// Hands a step to an idle runner, or queues it (once: a step queued
-    /// and not taken yet stays where it is) and tells the dispatcher `pid`
-    /// if it was not told yet. False if the dispatcher is gone.
-    fn enqueue(&self, pid: LocalPid, handle: &ResourceArc<StepRes>) -> bool {
+    /// Queues a step (once: a step queued and not taken yet stays where it
+    /// is) and wakes an idle runner, or tells the dispatcher `pid` if it was
+    /// not told yet. False if the dispatcher is gone.
+    fn enqueue(&self, pid: LocalPid, step: &Arc<Step>) -> bool {
         let ring = {
             let mut q = lock(&self.queue);
-            if !handle.queued.load(Ordering::Acquire) {
+            if !step.queued.swap(true, Ordering::AcqRel) {
+                q.steps.push_back(step.clone());
                 while let Some(runner) = q.idle.pop() {
-                    if send(runner, |env| {
-                        (atoms::gen_durable_step(), handle.clone()).encode(env)
-                    }) {
-                        q.current.insert(runner, handle.clone());
+                    if send(runner, |env| atoms::gen_durable_step().encode(env)) {
                         return true;
                     }
                 }
-                handle.queued.store(true, Ordering::Release);
-                q.steps.push_back(handle.clone());
             }
             !std::mem::replace(&mut q.rung, true)
         };
@@ -163,7 +166,7 @@ impl Dispatcher {
     /// The next queued step for the runner `pid`, or `None` after recording
     /// it as idle. `Err` if `manager` is no longer the dispatcher: the
     /// runner stops.
-    fn next(&self, manager: LocalPid, pid: LocalPid) -> Result<Option<ResourceArc<StepRes>>, ()> {
+    fn next(&self, manager: LocalPid, pid: LocalPid) -> Result<Option<Arc<Step>>, ()> {
         if *self.slot.borrow() != Slot::Up(manager) {
             return Err(());
         }
@@ -182,14 +185,14 @@ impl Dispatcher {
     }
 
     /// The runner `pid` exited: the step it had, if any.
-    fn exited(&self, pid: LocalPid) -> Option<ResourceArc<StepRes>> {
+    fn exited(&self, pid: LocalPid) -> Option<Arc<Step>> {
         let mut q = lock(&self.queue);
         q.idle.retain(|p| *p != pid);
         q.current.remove(&pid)
     }
 
     /// Everything queued: the steps a stopping dispatcher snoozes.
-    fn take(&self) -> Vec<ResourceArc<StepRes>> {
+    fn take(&self) -> Vec<Arc<Step>> {
         let mut q = lock(&self.queue);
         q.rung = false;
         let steps: Vec<_> = q.steps.drain(..).collect();
@@ -228,12 +231,16 @@ impl Dispatcher {
     }
 }
 
-/// Sends a small message from a thread the BEAM does not manage.
+/// Sends a small message from a thread the BEAM does not manage, through
+/// an environment kept per thread (cleared by each send).
 fn send<F>(to: LocalPid, message: F) -> bool
 where
     F: for<'a> FnOnce(Env<'a>) -> Term<'a>,
 {
-    OwnedEnv::new().send_and_clear(&to, message).is_ok()
+    thread_local! {
+        static ENV: RefCell<OwnedEnv> = RefCell::new(OwnedEnv::new());
+    }
+    ENV.with_borrow_mut(|env| env.send_and_clear(&to, message).is_ok())
 }
 
 // ---------------------------------------------------------------------------
@@ -285,19 +292,27 @@ impl StepInner {
     }
 }
 
-/// The handle of one step run by Elixir.
-pub struct StepRes {
-    inner: Arc<Mutex<StepInner>>,
+/// One step run by Elixir.
+pub struct Step {
+    inner: Mutex<StepInner>,
     /// In the dispatcher's queue (see `Queue`).
     queued: AtomicBool,
 }
 
+/// A step's handle in Elixir: made on a scheduler, when a process takes
+/// the step or a stopping dispatcher snoozes it.
+pub struct StepRes(Arc<Step>);
+
 #[rustler::resource_impl]
 impl rustler::Resource for StepRes {}
 
+fn handle(step: Arc<Step>) -> ResourceArc<StepRes> {
+    ResourceArc::new(StepRes(step))
+}
+
 /// Snoozes the step if no process took it yet: it runs again later, without
 /// counting an attempt. Returns whether it did.
-fn snooze_unclaimed(handle: &StepRes) -> bool {
+fn snooze_unclaimed(handle: &Step) -> bool {
     let mut s = lock(&handle.inner);
     s.unclaimed() && s.answer(Transition::snooze(RETRY_AFTER))
 }
@@ -314,8 +329,8 @@ pub struct ElixirWorkflow {
 impl Workflow for ElixirWorkflow {
     async fn step(&self, step: &str, state: Value, ctx: StepContext) -> StepResult {
         let (tx, mut rx) = oneshot::channel();
-        let handle = ResourceArc::new(StepRes {
-            inner: Arc::new(Mutex::new(StepInner {
+        let handle = Arc::new(Step {
+            inner: Mutex::new(StepInner {
                 tx: Some(tx),
                 data: Some(StepData {
                     module: self.module.clone(),
@@ -324,7 +339,7 @@ impl Workflow for ElixirWorkflow {
                     ctx,
                 }),
                 runner: None,
-            })),
+            }),
             queued: AtomicBool::new(false),
         });
         // If the core drops this future (it stops the step) before the
@@ -377,7 +392,7 @@ impl Workflow for ElixirWorkflow {
 /// process running it, if any, killed. A later `step_reply/2` does nothing.
 struct CancelOnDrop {
     dispatcher: Arc<Dispatcher>,
-    handle: Option<ResourceArc<StepRes>>,
+    handle: Option<Arc<Step>>,
 }
 
 impl CancelOnDrop {
@@ -433,17 +448,16 @@ fn dispatcher_wanted(res: ResourceArc<EngineRes>) -> usize {
 /// The steps no runner took: for a stopping dispatcher to snooze.
 #[rustler::nif]
 fn dispatcher_take(res: ResourceArc<EngineRes>) -> Vec<ResourceArc<StepRes>> {
-    res.tree.dispatcher.take()
+    res.tree.dispatcher.take().into_iter().map(handle).collect()
 }
 
 /// For a runner started by the dispatcher `manager`: the next queued step's
-/// handle, `:wait` (the runner is idle: a step will be sent to it as
-/// `{:gen_durable_step, handle}`) or `:stop` (`manager` is no longer the
-/// dispatcher).
+/// handle, `:wait` (the runner is idle: it is woken with `:gen_durable_step`
+/// when a step comes) or `:stop` (`manager` is no longer the dispatcher).
 #[rustler::nif]
 fn runner_next(env: Env, res: ResourceArc<EngineRes>, manager: LocalPid) -> Term {
     match res.tree.dispatcher.next(manager, env.pid()) {
-        Ok(Some(h)) => h.encode(env),
+        Ok(Some(step)) => handle(step).encode(env),
         Ok(None) => atoms::wait().encode(env),
         Err(()) => atoms::stop().encode(env),
     }
@@ -474,9 +488,9 @@ fn step_begin_dirty(env: Env, handle: ResourceArc<StepRes>) -> Term {
     begin(env, &handle, false)
 }
 
-fn begin<'a>(env: Env<'a>, handle: &ResourceArc<StepRes>, small_only: bool) -> Term<'a> {
+fn begin<'a>(env: Env<'a>, handle: &StepRes, small_only: bool) -> Term<'a> {
     let data = {
-        let mut s = lock(&handle.inner);
+        let mut s = lock(&handle.0.inner);
         if !s.unclaimed() {
             return atoms::skip().encode(env);
         }
@@ -525,6 +539,7 @@ fn step_reply_dirty<'a>(env: Env<'a>, handle: ResourceArc<StepRes>, result: Term
 }
 
 fn answer<'a>(env: Env<'a>, handle: &StepRes, result: Term<'a>) -> Term<'a> {
+    let handle = &handle.0;
     if lock(&handle.inner).tx.is_none() {
         return atoms::already_replied().encode(env);
     }
@@ -553,11 +568,11 @@ fn answer<'a>(env: Env<'a>, handle: &StepRes, result: Term<'a>) -> Term<'a> {
 /// left in a stopping dispatcher's mailbox.
 #[rustler::nif]
 fn step_exited(handle: ResourceArc<StepRes>, pid: Option<LocalPid>, reason: String) -> Atom {
-    settle_exited(&handle, pid, reason);
+    settle_exited(&handle.0, pid, reason);
     atoms::ok()
 }
 
-fn settle_exited(handle: &StepRes, pid: Option<LocalPid>, reason: String) {
+fn settle_exited(handle: &Step, pid: Option<LocalPid>, reason: String) {
     let mut s = lock(&handle.inner);
     if s.unclaimed() {
         s.answer(Transition::snooze(RETRY_AFTER));
