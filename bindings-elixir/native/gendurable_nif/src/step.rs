@@ -18,11 +18,13 @@
 //!
 //! * A dispatcher that dies loses nothing: queued steps wait for the next
 //!   one, which also monitors the runners of the one before (they stop
-//!   after their step); the adapter queues a step again whenever a new
-//!   dispatcher registers, until a process takes it.
+//!   after their step); the adapter tells each new dispatcher of a step no
+//!   process took yet (queuing it again if it was taken from the queue),
+//!   until a process takes it.
 //! * A step no process could take (no dispatcher for `DISPATCHER_WAIT`, the
-//!   dispatcher stopped for good, its runner died before taking it) is
-//!   snoozed: it runs again later and the attempt is not counted.
+//!   dispatcher stopped for good, the runner that took it from the queue
+//!   died before beginning it) is snoozed: it runs again later and the
+//!   attempt is not counted.
 //! * A runner that dies without answering its step is reported by the
 //!   dispatcher monitoring it (`runner_exited/3`), with the exit reason.
 //! * When the core stops waiting for a step (it drops the step's future),
