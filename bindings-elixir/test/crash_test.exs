@@ -92,6 +92,52 @@ defmodule GenDurable.CrashTest do
     assert System.monotonic_time(:millisecond) - t0 < 4_000
   end
 
+  test "runners killed one at a time under load: every instance completes" do
+    # A runner is killed while idle, just woken for a step, between taking
+    # a step and beginning it, or while running it. A step no runner began
+    # stays queued (or is snoozed) and runs in another one; a step killed
+    # while running is retried.
+    opts = engine_opts(workflows: [Churn], queues: [default: 20])
+    e = opts[:name]
+    schema = opts[:schema]
+    start_supervised!({GenDurable, opts})
+    inserter = start_inserter(e)
+    killed = kill_runners(Process.whereis(Module.concat(e, Tasks)), 150, 0)
+    ids = inserted(inserter, :stop)
+    assert killed > 0
+    assert length(ids) > 100
+    await_completed(schema, ids)
+
+    for message <- errors(schema) do
+      assert message =~ "the step's process exited: killed", "unexpected error: #{message}"
+    end
+  end
+
+  # Kills a random runner (a process linked to the step processes' owner
+  # and started as a runner) every 10 ms, `n` times; returns how many it
+  # found to kill.
+  defp kill_runners(_tasks, 0, killed), do: killed
+
+  defp kill_runners(tasks, n, killed) do
+    Process.sleep(10)
+    {:links, links} = Process.info(tasks, :links)
+
+    runners =
+      for pid <- links,
+          is_pid(pid),
+          Process.info(pid, :initial_call) == {:initial_call, {GenDurable.Runner, :start, 1}},
+          do: pid
+
+    case runners do
+      [] ->
+        kill_runners(tasks, n - 1, killed)
+
+      _ ->
+        Process.exit(Enum.random(runners), :kill)
+        kill_runners(tasks, n - 1, killed + 1)
+    end
+  end
+
   defp kill_and_await_restart(name) do
     pid = Process.whereis(name)
     assert is_pid(pid), "#{inspect(name)} is not running"
