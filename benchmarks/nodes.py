@@ -5,6 +5,7 @@ and the claim p99; medians of interleaved rounds.
     benchmarks/nodes                          # 3 rounds of W1-W3 on 1, 2, 4 nodes
     benchmarks/nodes --rounds 1 --scale 0.2   # quick
     benchmarks/nodes --nodes 1,2,4,8 --workloads w1
+    benchmarks/nodes --systems gendurable,graphile-worker --workloads w1,w2
 
 Each run is `gendurable workload <w> --nodes N` (cli/src/cluster.rs: the
 first process is a node and starts N - 1 more, each with `--concurrency`
@@ -12,6 +13,11 @@ steps at once) in a fresh database; the jobs are inserted before any node
 starts and the clock runs from the first node's start until all are done.
 W2's records are checked for overlapping runs of one key, W3's for more than
 10 at once. Writes nodes.json, nodes.md and nodes.png to --out.
+
+graphile-worker runs beside it where it can (`--systems`): its runner with
+`--nodes N` inserts, then starts N - 1 more worker processes and works beside
+them (benchmarks/runners/graphile_runner.mjs). W3 has no graphile-worker
+equivalent (no limit above one per queue).
 """
 
 from __future__ import annotations
@@ -40,6 +46,8 @@ from harness import (  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 JOBS = {"w1": 20_000, "w2": 10_000, "w3": 2_000}
+SYSTEMS = ["gendurable", "graphile-worker"]
+UNSUPPORTED = {("graphile-worker", "w3")}
 # W2: 100 keys, 5 ms steps: at most min(100, slots) run at once. W3: a gate of 10, 20 ms.
 PAUSE_S = {"w2": 0.005, "w3": 0.020}
 
@@ -52,13 +60,22 @@ def ideal(workload: str, nodes: int, concurrency: int) -> float | None:
     return None
 
 
-def run(cli: Path, pg: Postgres, workload: str, nodes: int, jobs: int, concurrency: int, i: int) -> dict:
+def command(system: str, cli: Path, work: Work) -> list:
+    if system == "gendurable":
+        return [cli, "workload"]
+    return [work.node, work.node_dir / "graphile_runner.mjs"]
+
+
+def run(
+    system: str, cmd: list, pg: Postgres, workload: str, nodes: int, jobs: int, concurrency: int, i: int
+) -> dict:
     with pg.fresh_db(f"nodes_{i}") as url, tempfile.TemporaryDirectory() as tmp:
         record = Path(tmp) / "records.csv"
-        cmd = [cli, "workload", workload, "--nodes", nodes, "--jobs", jobs, "--concurrency", concurrency]
+        cmd = [*cmd, workload, "--nodes", nodes, "--jobs", jobs, "--concurrency", concurrency]
         if workload != "w1":
             cmd += ["--record", record]
-        r = last_json(run_against(cmd, url, f"{workload} on {nodes} nodes"))
+        r = last_json(run_against(cmd, url, f"{system} {workload} on {nodes} nodes"))
+        r["system"] = system
         if workload == "w2":
             r["violations"] = overlapping_pairs(read_records(record))
         elif workload == "w3":
@@ -68,12 +85,13 @@ def run(cli: Path, pg: Postgres, workload: str, nodes: int, jobs: int, concurren
 
 def summary(runs: list[dict], concurrency: int) -> list[dict]:
     rows = []
-    for w in sorted({r["workload"] for r in runs}):
+    for w, system in sorted(
+        {(r["workload"], r["system"]) for r in runs}, key=lambda k: (k[0], SYSTEMS.index(k[1]))
+    ):
         base = None
-        for n in sorted({r["nodes"] for r in runs if r["workload"] == w}):
-            rs = sorted(
-                (r for r in runs if r["workload"] == w and r["nodes"] == n), key=lambda r: r["jobs_per_s"]
-            )
+        mine = [r for r in runs if r["workload"] == w and r["system"] == system]
+        for n in sorted({r["nodes"] for r in mine}):
+            rs = sorted((r for r in mine if r["nodes"] == n), key=lambda r: r["jobs_per_s"])
             med = rs[len(rs) // 2]
             rate = statistics.median(r["jobs_per_s"] for r in rs)
             base = base or rate
@@ -81,6 +99,7 @@ def summary(runs: list[dict], concurrency: int) -> list[dict]:
             rows.append(
                 {
                     "workload": w,
+                    "system": system,
                     "nodes": n,
                     "jobs_per_s": rate,
                     "low": rs[0]["jobs_per_s"],
@@ -88,7 +107,9 @@ def summary(runs: list[dict], concurrency: int) -> list[dict]:
                     "vs_one_node": rate / base,
                     "of_ideal": rate / best if best else None,
                     "shares": med["shares"],
-                    "pick_p99_ms": statistics.median(r["pick_p99_ms"] for r in rs),
+                    "pick_p99_ms": statistics.median(r["pick_p99_ms"] for r in rs)
+                    if "pick_p99_ms" in med
+                    else None,
                     "violations": sum(r.get("violations", 0) for r in rs),
                     "rounds": len(rs),
                 }
@@ -98,17 +119,18 @@ def summary(runs: list[dict], concurrency: int) -> list[dict]:
 
 def markdown(rows: list[dict]) -> str:
     out = [
-        "| workload | nodes | jobs/s (range) | vs 1 node | % of ideal | share per node "
+        "| workload | system | nodes | jobs/s (range) | vs 1 node | % of ideal | share per node "
         "| claim p99 ms | violations |",
-        "|---|---:|---:|---:|---:|---|---:|---:|",
+        "|---|---|---:|---:|---:|---:|---|---:|---:|",
     ]
     for r in rows:
         shares = " / ".join(f"{s:.2f}" for s in r["shares"])
         ideal_pc = f"{100 * r['of_ideal']:.0f} %" if r["of_ideal"] else ""
+        p99 = f"{r['pick_p99_ms']:.1f}" if r["pick_p99_ms"] is not None else ""
         out.append(
-            f"| {r['workload'].upper()} | {r['nodes']} "
+            f"| {r['workload'].upper()} | {r['system']} | {r['nodes']} "
             f"| {r['jobs_per_s']:,.0f} ({r['low']:,.0f}–{r['high']:,.0f}) "
-            f"| {r['vs_one_node']:.2f} | {ideal_pc} | {shares} | {r['pick_p99_ms']:.1f} | {r['violations']} |"
+            f"| {r['vs_one_node']:.2f} | {ideal_pc} | {shares} | {p99} | {r['violations']} |"
         )
     return "\n".join(out) + "\n"
 
@@ -119,14 +141,22 @@ rows = json.load(open(sys.argv[1]))["summary"]
 ws = sorted({r["workload"] for r in rows})
 fig, axes = plt.subplots(1, len(ws), figsize=(4 * len(ws), 3.2))
 axes = axes if len(ws) > 1 else [axes]
+colors = {"gendurable": "#2a7ab9", "graphile-worker": "#c0792b"}
 for ax, w in zip(axes, ws):
-    rs = [r for r in rows if r["workload"] == w]
-    ax.bar([str(r["nodes"]) for r in rs], [r["jobs_per_s"] for r in rs], color="#2a7ab9")
-    ax.errorbar([str(r["nodes"]) for r in rs], [r["jobs_per_s"] for r in rs],
-                yerr=[[r["jobs_per_s"] - r["low"] for r in rs], [r["high"] - r["jobs_per_s"] for r in rs]],
-                fmt="none", ecolor="#333", capsize=3)
+    systems = [s for s in colors if any(r["workload"] == w and r["system"] == s for r in rows)]
+    width = 0.8 / len(systems)
+    for k, s in enumerate(systems):
+        rs = [r for r in rows if r["workload"] == w and r["system"] == s]
+        xs = [r["nodes"] for r in rs]
+        pos = [i + (k - (len(systems) - 1) / 2) * width for i in range(len(xs))]
+        ys = [r["jobs_per_s"] for r in rs]
+        ax.bar(pos, ys, width, color=colors[s], label=s)
+        err = [[y - r["low"] for y, r in zip(ys, rs)], [r["high"] - y for y, r in zip(ys, rs)]]
+        ax.errorbar(pos, ys, yerr=err, fmt="none", ecolor="#333", capsize=3)
+        ax.set_xticks(range(len(xs)), [str(x) for x in xs])
     ax.set_title(f"{w.upper()}: jobs/s by node processes", fontsize=10)
     ax.set_xlabel("node processes")
+    ax.legend(fontsize=8)
 """
     plot(work.py, body, path.with_suffix(".json"), path)
 
@@ -136,13 +166,20 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--nodes", default="1,2,4")
     p.add_argument("--workloads", default="w1,w2,w3")
+    p.add_argument("--systems", default="gendurable", help="comma list of: " + ", ".join(SYSTEMS))
     p.add_argument("--concurrency", type=int, default=20, help="steps at once per node")
     p.add_argument("--scale", type=float, default=1.0, help="fraction of the job counts")
     output_args(p)
     args = p.parse_args()
     nodes = [int(n) for n in args.nodes.split(",")]
     workloads = [w.strip() for w in args.workloads.split(",")]
+    systems = [s.strip() for s in args.systems.split(",")]
+    if unknown := set(systems) - set(SYSTEMS):
+        p.error(f"unknown systems: {', '.join(sorted(unknown))}")
     cli = release_cli()
+    work = Work(args.work.resolve(), False)
+    if "graphile-worker" in systems:
+        work.node_env()
     pg = Postgres()
     pg.start()
     runs, i = [], 0
@@ -152,14 +189,18 @@ def main() -> int:
             order = nodes[rnd % len(nodes) :] + nodes[: rnd % len(nodes)]
             for w in workloads:
                 for n in order:
-                    i += 1
-                    jobs = max(100, int(JOBS[w] * args.scale))
-                    r = run(cli, pg, w, n, jobs, args.concurrency, i)
-                    log(
-                        f"round {rnd + 1}/{args.rounds} {w} on {n} node(s): {r['jobs_per_s']:,.0f} jobs/s, "
-                        f"shares {' / '.join(f'{s:.2f}' for s in r['shares'])}"
-                    )
-                    runs.append(r)
+                    for system in systems:
+                        if (system, w) in UNSUPPORTED:
+                            continue
+                        i += 1
+                        jobs = max(100, int(JOBS[w] * args.scale))
+                        r = run(system, command(system, cli, work), pg, w, n, jobs, args.concurrency, i)
+                        shares = " / ".join(f"{s:.2f}" for s in r["shares"])
+                        log(
+                            f"round {rnd + 1}/{args.rounds} {system} {w} on {n} node(s): "
+                            f"{r['jobs_per_s']:,.0f} jobs/s, shares {shares}"
+                        )
+                        runs.append(r)
     finally:
         pg.stop()
     rows = summary(runs, args.concurrency)

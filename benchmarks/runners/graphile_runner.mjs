@@ -2,6 +2,9 @@
 // run one at a time, enforced in the database). It has no limit above one per
 // queue, so W3 is reported unsupported. W5: the key is a named queue; there is
 // no limit above one per queue and no rate limit, so no gate or rate rows.
+import { spawn } from "node:child_process";
+import { readFileSync, appendFileSync } from "node:fs";
+import { fileURLToPath } from "node:url";
 import { Logger, makeWorkerUtils, run } from "graphile-worker";
 import pg from "pg";
 import {
@@ -102,8 +105,55 @@ const spec = (i) => {
   return s;
 };
 
+// `--nodes N` (W1, W2; benchmarks/nodes): after the insert this process starts
+// N - 1 more worker processes (`--worker 1`), as gendurable's first node starts
+// the others, and works beside them until no job is left; each reports how
+// many it ran and writes its records beside this one's.
+const nodes = Number(args.nodes ?? 1);
+if (args.worker === "1") {
+  const runner = await startWorker();
+  await waitUntil(async () => (await remaining()) === 0, 5);
+  await runner.stop();
+  await utils.release();
+  await client.end();
+  records.write(args.record);
+  console.log(JSON.stringify({ done }));
+  process.exit(0);
+}
+
+function extraWorker(k) {
+  const argv = [fileURLToPath(import.meta.url), args.workload, "--concurrency", String(args.concurrency),
+    "--jobs", String(args.jobs), "--worker", "1"];
+  if (args.record) argv.push("--record", `${args.record}.${k}`);
+  const child = spawn(process.execPath, argv, { stdio: ["ignore", "pipe", "inherit"] });
+  let out = "";
+  child.stdout.on("data", (d) => (out += d));
+  return new Promise((resolve, reject) =>
+    child.on("exit", (code) => (code === 0 ? resolve(JSON.parse(out.trim().split("\n").pop()).done) : reject(new Error(`worker ${k} exited with ${code}`)))),
+  );
+}
+
 let runner, t, extra = {};
-if (args.workload === "w4") {
+if (args.nodes !== undefined) {
+  if (args.workload !== "w1" && args.workload !== "w2") unsupported(args, "--nodes runs W1 and W2");
+  for (let i = 0; i < args.jobs; i += 5000) {
+    await utils.addJobs(Array.from({ length: Math.min(5000, args.jobs - i) }, (_, k) => spec(i + k)));
+  }
+  t = performance.now();
+  const others = Array.from({ length: nodes - 1 }, (_, k) => extraWorker(k + 1));
+  runner = await startWorker();
+  await waitUntil(async () => (await remaining()) === 0, 5);
+  const seconds = (performance.now() - t) / 1000;
+  await runner.stop();
+  const counts = [done, ...(await Promise.all(others))];
+  const total = counts.reduce((a, b) => a + b, 0);
+  await utils.release();
+  await client.end();
+  records.write(args.record);
+  for (let k = 1; k < nodes && args.record; k++) appendFileSync(args.record, readFileSync(`${args.record}.${k}`));
+  emit(args, seconds, { nodes, shares: counts.map((c) => c / total) });
+  process.exit(0);
+} else if (args.workload === "w4") {
   runner = await startWorker();
   await sleep(1000); // idle and listening
   t = performance.now();
