@@ -41,6 +41,7 @@ from harness import (  # noqa: E402
     read_records,
     release_cli,
     run_against,
+    runner_command,
     write_results,
 )
 
@@ -58,12 +59,6 @@ def ideal(workload: str, nodes: int, concurrency: int) -> float | None:
     if workload == "w3":
         return 10 / PAUSE_S["w3"]
     return None
-
-
-def command(system: str, cli: Path, work: Work) -> list:
-    if system == "gendurable":
-        return [cli, "workload"]
-    return [work.node, work.node_dir / "graphile_runner.mjs"]
 
 
 def run(
@@ -194,7 +189,9 @@ def main() -> int:
                             continue
                         i += 1
                         jobs = max(100, int(JOBS[w] * args.scale))
-                        r = run(system, command(system, cli, work), pg, w, n, jobs, args.concurrency, i)
+                        r = run(
+                            system, runner_command(system, work, cli), pg, w, n, jobs, args.concurrency, i
+                        )
                         shares = " / ".join(f"{s:.2f}" for s in r["shares"])
                         log(
                             f"round {rnd + 1}/{args.rounds} {system} {w} on {n} node(s): "

@@ -91,9 +91,17 @@ await client.connect();
 // Completed jobs are deleted; the clock stops when none is left.
 const remaining = async () =>
   Number((await client.query("SELECT count(*) AS n FROM graphile_worker._private_jobs")).rows[0].n);
+const drained = () => waitUntil(async () => (await remaining()) === 0, 5);
 const finished = async () => {
   await waitUntil(() => done >= args.jobs);
-  await waitUntil(async () => (await remaining()) === 0, 5);
+  await drained();
+};
+// Stops the worker and writes this process's records.
+const close = async (runner) => {
+  await runner.stop();
+  await utils.release();
+  await client.end();
+  records.write(args.record);
 };
 
 const startWorker = () => run(workerOptions(taskList));
@@ -104,6 +112,11 @@ const spec = (i) => {
   if (key) s.queueName = key;
   return s;
 };
+const insertAll = async () => {
+  for (let i = 0; i < args.jobs; i += 5000) {
+    await utils.addJobs(Array.from({ length: Math.min(5000, args.jobs - i) }, (_, k) => spec(i + k)));
+  }
+};
 
 // `--nodes N` (W1, W2; benchmarks/nodes): after the insert this process starts
 // N - 1 more worker processes (`--worker 1`), as gendurable's first node starts
@@ -112,11 +125,8 @@ const spec = (i) => {
 const nodes = Number(args.nodes ?? 1);
 if (args.worker === "1") {
   const runner = await startWorker();
-  await waitUntil(async () => (await remaining()) === 0, 5);
-  await runner.stop();
-  await utils.release();
-  await client.end();
-  records.write(args.record);
+  await drained();
+  await close(runner);
   console.log(JSON.stringify({ done }));
   process.exit(0);
 }
@@ -136,20 +146,15 @@ function extraWorker(k) {
 let runner, t, extra = {};
 if (args.nodes !== undefined) {
   if (args.workload !== "w1" && args.workload !== "w2") unsupported(args, "--nodes runs W1 and W2");
-  for (let i = 0; i < args.jobs; i += 5000) {
-    await utils.addJobs(Array.from({ length: Math.min(5000, args.jobs - i) }, (_, k) => spec(i + k)));
-  }
+  await insertAll();
   t = performance.now();
   const others = Array.from({ length: nodes - 1 }, (_, k) => extraWorker(k + 1));
   runner = await startWorker();
-  await waitUntil(async () => (await remaining()) === 0, 5);
+  await drained();
   const seconds = (performance.now() - t) / 1000;
-  await runner.stop();
+  await close(runner);
   const counts = [done, ...(await Promise.all(others))];
   const total = counts.reduce((a, b) => a + b, 0);
-  await utils.release();
-  await client.end();
-  records.write(args.record);
   for (let k = 1; k < nodes && args.record; k++) appendFileSync(args.record, readFileSync(`${args.record}.${k}`));
   emit(args, seconds, { nodes, shares: counts.map((c) => c / total) });
   process.exit(0);
@@ -162,18 +167,13 @@ if (args.nodes !== undefined) {
   extra = latencies(before, started);
 } else {
   t = performance.now();
-  for (let i = 0; i < args.jobs; i += 5000) {
-    await utils.addJobs(Array.from({ length: Math.min(5000, args.jobs - i) }, (_, k) => spec(i + k)));
-  }
+  await insertAll();
   if (args.workload === "w1") extra = { insert_per_s: args.jobs / ((performance.now() - t) / 1000) };
   t = performance.now();
   runner = await startWorker();
   await finished();
 }
 const seconds = (performance.now() - t) / 1000;
-await runner.stop();
-await utils.release();
-await client.end();
-records.write(args.record);
+await close(runner);
 emit(args, seconds, extra);
 process.exit(0); // the worker library may leave timers behind
