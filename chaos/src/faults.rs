@@ -208,6 +208,8 @@ impl Fleet {
             .arg(&log)
             .args(["--proc", &no.to_string()])
             .args(["--queues", &slot.queues.join(",")])
+            // Every other node answers its steps as the bindings do.
+            .args((i % 2 == 1).then_some("--hand-over"))
             .stdin(Stdio::piped())
             .stdout(out.try_clone()?)
             .stderr(out)

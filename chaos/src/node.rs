@@ -5,13 +5,17 @@ use crate::plan::{FailAs, KeyMove, Step, Then};
 use crate::record::{now, Record, Recorder};
 use crate::settings::{self, QUEUES, WORKFLOW};
 use anyhow::Context;
-use gendurable::{AwaitOn, KeyChange, NextOptions, StepContext, StepResult, Transition, Wake};
+use gendurable::{
+    AwaitOn, FnWorkflow, KeyChange, NextOptions, StepContext, StepResult, Transition, Wake,
+    Workflow,
+};
 use serde_json::Value;
 use std::io::Read;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::Arc;
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
+use tokio::sync::oneshot;
 
 #[derive(clap::Args, Debug)]
 pub struct NodeArgs {
@@ -31,6 +35,11 @@ pub struct NodeArgs {
     /// The queues this node serves (comma-separated).
     #[arg(long, value_delimiter = ',', default_value = "a,b")]
     pub queues: Vec<String>,
+    /// Answer every step from a thread of this process's own, inside
+    /// `gendurable::handover`, as the language bindings do: the step's end
+    /// and the next step's start then run on that thread.
+    #[arg(long)]
+    pub hand_over: bool,
 }
 
 /// The exit code of a planned crash (a poison pill's step).
@@ -67,16 +76,25 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<()> {
     });
     // SIGTERM asks for a graceful shutdown, from now on.
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let answerer = args.hand_over.then(Answerer::start);
     // Postgres may be down right now: keep trying.
     let engine = loop {
         let env = env.clone();
-        let mut b = settings::builder(&args.url)
+        let plan = FnWorkflow::new(move |step, state, ctx| run_step(env.clone(), step, state, ctx));
+        let b = settings::builder(&args.url)
             .schema(args.schema.as_str())
             .node_id(args.node_id.as_str())
-            .migrate(false)
-            .workflow_fn(WORKFLOW, move |step, state, ctx| {
-                run_step(env.clone(), step, state, ctx)
-            });
+            .migrate(false);
+        let mut b = match &answerer {
+            Some(a) => b.workflow(
+                WORKFLOW,
+                AnsweredElsewhere {
+                    plan,
+                    answerer: a.clone(),
+                },
+            ),
+            None => b.workflow(WORKFLOW, plan),
+        };
         for &(q, n) in QUEUES {
             if args.queues.iter().any(|a| a == q) {
                 b = b.queue(q, n);
@@ -103,6 +121,53 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<()> {
     term.recv().await;
     engine.shutdown().await?;
     Ok(())
+}
+
+/// The thread that answers the steps of a `--hand-over` node.
+#[derive(Clone)]
+struct Answerer(Arc<Mutex<mpsc::Sender<Answer>>>);
+
+/// A step's result and where it goes.
+type Answer = (oneshot::Sender<StepResult>, StepResult);
+
+impl Answerer {
+    fn start() -> Answerer {
+        let (tx, rx) = mpsc::channel::<Answer>();
+        std::thread::spawn(move || {
+            for (answer, result) in rx {
+                // A step stopped meanwhile dropped its receiver: nothing to do.
+                gendurable::handover(|| answer.send(result).ok());
+            }
+        });
+        Answerer(Arc::new(Mutex::new(tx)))
+    }
+}
+
+/// The plan workflow, its results answered through the `Answerer`'s thread.
+struct AnsweredElsewhere {
+    plan: FnWorkflow,
+    answerer: Answerer,
+}
+
+#[gendurable::async_trait]
+impl Workflow for AnsweredElsewhere {
+    fn hands_over(&self) -> bool {
+        true
+    }
+
+    async fn step(&self, step: &str, state: Value, ctx: StepContext) -> StepResult {
+        let result = self.plan.step(step, state, ctx).await;
+        let (tx, rx) = oneshot::channel();
+        let sent = match self.answerer.0.lock() {
+            Ok(to) => to.send((tx, result)).is_ok(),
+            Err(_) => false,
+        };
+        if !sent {
+            return Err("the answering thread is gone".into());
+        }
+        rx.await
+            .unwrap_or_else(|_| Err("the answering thread dropped the answer".into()))
+    }
 }
 
 /// Records the end of an execution; one dropped unfinished (the engine

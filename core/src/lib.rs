@@ -107,6 +107,7 @@ pub use gendurable_bulkhead as bulkhead;
 pub use instance::{
     Instance, NewInstance, Status, DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, DEFAULT_STEP,
 };
+pub use node::handover;
 pub use options::{CronOptions, EngineOptions, InsertOptions, UniqueOptions, UniqueStates};
 pub use stats::{Latencies, Stats, StatsSnapshot};
 pub use transition::{AwaitOn, ConcurrencyKey, KeyChange, NextOptions, Transition, Wake};

@@ -115,6 +115,15 @@ pub trait Workflow: Send + Sync + 'static {
     fn defaults(&self) -> WorkflowDefaults {
         WorkflowDefaults::default()
     }
+
+    /// Whether this workflow's steps are answered on threads the engine's
+    /// runtime does not own (a language binding's), inside
+    /// [`crate::handover`]: its step tasks then run where they are woken,
+    /// so that the answer's own call ends the step and starts the next.
+    /// Steps that run on the runtime (the default) gain nothing from it.
+    fn hands_over(&self) -> bool {
+        false
+    }
 }
 
 /// Everything a step may want to know about the instance it runs for.
@@ -182,5 +191,9 @@ impl Workflow for WithStepRates {
         self.inner
             .rate_limit(step, state)
             .or_else(|| self.steps.get(step).cloned())
+    }
+
+    fn hands_over(&self) -> bool {
+        self.inner.hands_over()
     }
 }

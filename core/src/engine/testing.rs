@@ -200,7 +200,7 @@ async fn drain(
         let wrote = !outcomes.is_empty();
         outcomes.clear();
         ready.extend(h.claimed);
-        let Some(row) = ready.pop_front() else {
+        let Some(mut row) = ready.pop_front() else {
             if scheduled && wrote {
                 // The outcomes just written may have scheduled rows (a
                 // retry, a snooze): staged at the top, claimed next round.
@@ -219,7 +219,7 @@ async fn drain(
             outcomes.push(OutcomeRow::release(&row));
             continue;
         };
-        let (result, timed_out) = UserStep::new(&workflow, &row).run(&ctx.cfg, &row).await;
+        let (result, timed_out) = UserStep::new(&workflow, &mut row).run(&ctx.cfg, &row).await;
         let outcome = outcome_of(&ctx.cfg, &row, &*workflow, result, false, timed_out);
         done.count(&outcome);
         outcomes.push(outcome);

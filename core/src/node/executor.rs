@@ -1,7 +1,7 @@
 //! Running a claimed row's step, and starting its key's successor in the
 //! slot it frees.
 
-use super::{lock, payload_message, Running, Shared, Stop};
+use super::{handover, lock, payload_message, Running, Shared, Stop};
 use crate::config::EngineConfig;
 use crate::outcome::{Claimed, OutcomeRow, Promotion};
 use crate::stats::Stats;
@@ -35,7 +35,7 @@ pub(super) fn release_unstarted(sh: &Shared, rows: Vec<Claimed>) {
 /// promoted (not promoted, it goes back unstarted).
 pub(super) fn spawn_step(
     sh: &Arc<Shared>,
-    row: Claimed,
+    mut row: Claimed,
     claim: OwnedSemaphorePermit,
     run: Option<OwnedSemaphorePermit>,
     promotion: Option<oneshot::Receiver<bool>>,
@@ -47,7 +47,8 @@ pub(super) fn spawn_step(
     };
     let sh2 = sh.clone();
     let runs = sh.runs[&row.queue].clone();
-    sh.steps.spawn(async move {
+    let hands_over = workflow.hands_over();
+    let task = sh.steps.track_future(async move {
         let sh = sh2;
         // A prefetched row waits here for a running slot (in claim order:
         // the semaphore is fair); at shutdown, rows not started go back.
@@ -92,7 +93,7 @@ pub(super) fn spawn_step(
         sh.prefetch[&row.queue].started();
         let began = Instant::now();
         Stats::add(&sh.ctx.stats.steps_started, 1);
-        let user = UserStep::new(&workflow, &row);
+        let user = UserStep::new(&workflow, &mut row);
         let ended = CancellationToken::new();
         let stopped = Arc::new(StdMutex::new(None));
         lock(&sh.running).insert(
@@ -165,6 +166,11 @@ pub(super) fn spawn_step(
         }
         let _ = sh.outcomes.send(outcome);
     });
+    if hands_over {
+        handover::spawn(&sh.rt, task);
+    } else {
+        sh.rt.spawn(task);
+    }
 }
 
 /// The claim `row` is no longer held here.
@@ -220,7 +226,9 @@ pub(crate) struct UserStep {
 }
 
 impl UserStep {
-    pub(crate) fn new(workflow: &Arc<dyn Workflow>, row: &Claimed) -> UserStep {
+    /// Takes the row's state (moved, not copied: the step may start in an
+    /// answer's hand-over on a binding's thread, whatever the state's size).
+    pub(crate) fn new(workflow: &Arc<dyn Workflow>, row: &mut Claimed) -> UserStep {
         let ctx = StepContext {
             id: row.id,
             workflow: row.workflow.clone(),
@@ -231,7 +239,11 @@ impl UserStep {
             rate_limit: row.rate_key.clone(),
             wake: Wake::from_json(row.wake.clone()),
         };
-        let (step, state, wf) = (row.step.clone(), row.state.clone(), workflow.clone());
+        let (step, state, wf) = (
+            row.step.clone(),
+            std::mem::take(&mut row.state),
+            workflow.clone(),
+        );
         // One span per step run, for tracing subscribers (OpenTelemetry
         // through tracing-opentelemetry, say).
         let span = tracing::info_span!(

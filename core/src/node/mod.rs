@@ -9,6 +9,7 @@
 mod claims;
 mod completer;
 mod executor;
+mod handover;
 mod heartbeat;
 mod listener;
 mod liveness;
@@ -21,6 +22,7 @@ mod successors;
 
 /// A step's run outside a node's executor (a drain in the calling task).
 pub(crate) use executor::{outcome_of, UserStep};
+pub use handover::handover;
 
 use crate::context::Context;
 use crate::error::Result;
@@ -59,6 +61,8 @@ pub(crate) struct Shared {
     /// slots to use now.
     prefetch: HashMap<String, Prefetch>,
     outcomes: mpsc::UnboundedSender<OutcomeRow>,
+    /// The runtime the node's tasks run on (see `handover`).
+    rt: tokio::runtime::Handle,
     steps: TaskTracker,
     running: StdMutex<HashMap<i64, Running>>,
     successors: StdMutex<Successors>,
@@ -142,6 +146,7 @@ impl Node {
                 .map(|(q, &n)| (q.clone(), Prefetch::new(cfg.prefetch_for(n), n)))
                 .collect(),
             outcomes: tx,
+            rt: tokio::runtime::Handle::current(),
             steps: TaskTracker::new(),
             running: StdMutex::new(HashMap::new()),
             successors: StdMutex::new(Successors::default()),

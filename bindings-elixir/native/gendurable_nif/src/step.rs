@@ -138,7 +138,16 @@ impl Dispatcher {
     /// Queues a step (once: a step queued and not taken yet stays where it
     /// is) and wakes an idle runner, or tells the dispatcher `pid` if it was
     /// not told yet. False if the dispatcher is gone.
-    fn enqueue(&self, pid: LocalPid, step: &Arc<Step>) -> bool {
+    fn enqueue(self: &Arc<Self>, pid: LocalPid, step: &Arc<Step>) -> bool {
+        if Deferred::note(self, pid) {
+            // In an answer's hand-over (a scheduler thread): the answering
+            // runner takes a step next, and the NIF wakes runners for the
+            // rest once the hand-over is over.
+            if !step.queued.swap(true, Ordering::AcqRel) {
+                lock(&self.queue).steps.push_back(step.clone());
+            }
+            return true;
+        }
         let ring = {
             let mut q = lock(&self.queue);
             if !step.queued.swap(true, Ordering::AcqRel) {
@@ -230,6 +239,86 @@ impl Dispatcher {
                 }
             }
         });
+    }
+}
+
+/// Steps queued during an answer's hand-over, by dispatcher: a scheduler
+/// thread cannot send from a NIF but through the caller's environment, so
+/// the runners are woken after it (`wake_deferred`).
+struct Deferred {
+    dispatcher: Arc<Dispatcher>,
+    pid: LocalPid,
+    steps: usize,
+}
+
+thread_local! {
+    static DEFERRED: RefCell<Option<Vec<Deferred>>> = const { RefCell::new(None) };
+}
+
+impl Deferred {
+    /// Counts a step queued on `dispatcher` if this thread defers its
+    /// wake-ups; false if it does not.
+    fn note(dispatcher: &Arc<Dispatcher>, pid: LocalPid) -> bool {
+        DEFERRED.with_borrow_mut(|d| {
+            let Some(d) = d.as_mut() else {
+                return false;
+            };
+            match d
+                .iter_mut()
+                .find(|x| Arc::ptr_eq(&x.dispatcher, dispatcher))
+            {
+                Some(x) => {
+                    x.steps += 1;
+                    x.pid = pid;
+                }
+                None => d.push(Deferred {
+                    dispatcher: dispatcher.clone(),
+                    pid,
+                    steps: 1,
+                }),
+            }
+            true
+        })
+    }
+}
+
+/// Runs `f` (an answer) in the core's hand-over: the step's end and the
+/// start of the next steps run in this call. Steps it queues wake idle
+/// runners (or the dispatcher) after it, through `env`, but one: the
+/// calling runner, whose step `answered` was, takes the next itself.
+fn answer_here<R>(env: Env, answered: &Arc<Step>, f: impl FnOnce() -> R) -> R {
+    DEFERRED.with_borrow_mut(|d| *d = Some(Vec::new()));
+    let r = gendurable::handover(f);
+    let deferred = DEFERRED.with_borrow_mut(Option::take).unwrap_or_default();
+    for d in deferred {
+        d.dispatcher.wake_deferred(env, d.pid, d.steps, answered);
+    }
+    r
+}
+
+impl Dispatcher {
+    /// Wakes runners for `steps` steps queued in a hand-over on the calling
+    /// scheduler, less the one the calling runner takes if `answered` was
+    /// its step; with too few idle, tells the dispatcher `pid`.
+    fn wake_deferred(&self, env: Env, pid: LocalPid, steps: usize, answered: &Arc<Step>) {
+        let mut q = lock(&self.queue);
+        let mine = q
+            .current
+            .get(&env.pid())
+            .is_some_and(|s| Arc::ptr_eq(s, answered));
+        let mut wanted = steps.saturating_sub(usize::from(mine)).min(q.steps.len());
+        while wanted > 0 {
+            let Some(runner) = q.idle.pop() else { break };
+            if env.send(&runner, atoms::gen_durable_step()).is_ok() {
+                wanted -= 1;
+            }
+        }
+        if wanted > 0 && !std::mem::replace(&mut q.rung, true) {
+            drop(q);
+            if env.send(&pid, atoms::gen_durable_steps()).is_err() {
+                lock(&self.queue).rung = false;
+            }
+        }
     }
 }
 
@@ -329,6 +418,11 @@ pub struct ElixirWorkflow {
 
 #[gendurable::async_trait]
 impl Workflow for ElixirWorkflow {
+    /// Answers come on schedulers, inside `answer_here`.
+    fn hands_over(&self) -> bool {
+        true
+    }
+
     async fn step(&self, step: &str, state: Value, ctx: StepContext) -> StepResult {
         let (tx, mut rx) = oneshot::channel();
         let handle = Arc::new(Step {
@@ -556,7 +650,7 @@ fn answer<'a>(env: Env<'a>, handle: &StepRes, result: Term<'a>) -> Term<'a> {
             (t, (atoms::error(), reason).encode(env))
         }
     };
-    if lock(&handle.inner).answer(t) {
+    if answer_here(env, handle, || lock(&handle.inner).answer(t)) {
         out
     } else {
         atoms::already_replied().encode(env)
