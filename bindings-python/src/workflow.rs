@@ -348,7 +348,7 @@ impl Done {
             },
         };
         if let Some(tx) = lock(&self.tx).take() {
-            let _ = tx.send(tr);
+            Answer(tx, tr).give(fut.py());
         }
     }
 }
@@ -373,6 +373,11 @@ impl Drop for CancelOnDrop {
 
 #[gendurable::async_trait]
 impl Workflow for PyWorkflow {
+    /// Answers come on the step threads and the event loop's (`Answer`).
+    fn hands_over(&self) -> bool {
+        true
+    }
+
     async fn step(&self, step: &str, state: serde_json::Value, ctx: StepContext) -> StepResult {
         let force = self.hooks.force();
         tokio::select! {
@@ -482,7 +487,9 @@ impl Job {
         }
     }
 
-    fn run(self, py: Python<'_>) {
+    /// Runs the job; a `def` step's answer is returned, to be given once
+    /// the thread is between steps (see `answer`).
+    fn run(self, py: Python<'_>) -> Option<Answer> {
         match self {
             Job::Sync(call, tx) => {
                 let _running = SyncStep::enter();
@@ -494,7 +501,7 @@ impl Job {
                         reason: format!("calling the step failed: {}", e.value(py)),
                         detail: None,
                     });
-                let _ = tx.send(out);
+                Some(Answer(tx, out))
             }
             Job::Async(call, tx, submitted) => {
                 let fut = (|| -> PyResult<Py<PyAny>> {
@@ -512,8 +519,22 @@ impl Job {
                     Ok(call.hooks.invoke_async.bind(py).call1(args)?.unbind())
                 })();
                 let _ = submitted.send(fut.map_err(|e| e.value(py).to_string()));
+                None
             }
         }
+    }
+}
+
+/// A `def` step's transition, for the core.
+struct Answer(oneshot::Sender<Transition>, Transition);
+
+impl Answer {
+    /// Answers in the core's hand-over, without the GIL: the step's end and
+    /// the start of the next one it lets in run on this thread (no runtime
+    /// thread woken for it), the next one queued for this thread to take.
+    fn give(self, py: Python<'_>) {
+        let Answer(tx, out) = self;
+        py.detach(|| gendurable::handover(|| tx.send(out).is_ok()));
     }
 }
 
@@ -633,9 +654,14 @@ impl Pool {
                     if std::mem::take(&mut start) {
                         self.start_thread();
                     }
-                    job.run(py);
+                    let answer = job.run(py);
                     st = lock(&self.state);
                     st.between += 1;
+                    if let Some(answer) = answer {
+                        drop(st);
+                        answer.give(py);
+                        st = lock(&self.state);
+                    }
                 }
                 if searching {
                     st.searching -= 1;
