@@ -186,7 +186,10 @@ impl Drop for Scope {
 /// Runs `f`; the engine's step tasks it wakes on this thread (a step's
 /// answer, and through it the end of that step and the start of the next)
 /// run here before this returns, a few at most; the rest on the runtime.
-/// For bindings whose steps answer from threads the runtime does not own.
+/// For bindings whose steps answer from threads the runtime does not own
+/// (see [`crate::Workflow::hands_over`]). Call it holding nothing a step's
+/// task may wait for (Python: with the GIL released), since a task it runs
+/// may be being polled on another thread at that moment, and waits for it.
 pub fn handover<R>(f: impl FnOnce() -> R) -> R {
     let Some(scope) = Scope::enter() else {
         return f();

@@ -14,7 +14,10 @@
 //! the wake-up itself: memory the BEAM hands out to a thread it does not
 //! manage and frees on a scheduler goes back through its aux thread, a
 //! wake-up more. A step is taken once, so a step queued again (after its
-//! dispatcher was replaced) still runs once.
+//! dispatcher was replaced) still runs once. A step is answered inside the
+//! core's hand-over (`answer_here`): its end, and the start of the step its
+//! slot lets in, run in the answer's call on the scheduler; steps queued
+//! there wake their runners after it (`Deferred`).
 //!
 //! * A dispatcher that dies loses nothing: queued steps wait for the next
 //!   one, which also monitors the runners of the one before (they stop
