@@ -91,7 +91,8 @@ impl Task {
     /// Polls the task once (it may be woken again meanwhile: it is then
     /// queued again). A panic escaping it ends it, as it would a tokio task.
     fn poll(self: &Arc<Self>) {
-        self.scheduled.store(false, Ordering::Release);
+        // Acquire: whatever a waker did before waking it is seen here.
+        self.scheduled.swap(false, Ordering::AcqRel);
         let waker = waker_ref(self);
         let mut cx = Context::from_waker(&waker);
         let mut slot = lock(&self.future);
