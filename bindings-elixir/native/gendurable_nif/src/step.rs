@@ -50,7 +50,7 @@ use serde_json::Value;
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
@@ -140,34 +140,45 @@ impl Dispatcher {
 
     /// Queues a step (once: a step queued and not taken yet stays where it
     /// is) and wakes an idle runner, or tells the dispatcher `pid` if it was
-    /// not told yet. False if the dispatcher is gone.
+    /// not told yet. False if the dispatcher is gone. In an answer's
+    /// hand-over (a scheduler thread) the wake-up waits for the hand-over's
+    /// end (`wake_deferred`): the answering runner takes a step next.
     fn enqueue(self: &Arc<Self>, pid: LocalPid, step: &Arc<Step>) -> bool {
+        let mut q = lock(&self.queue);
+        if !step.queued.swap(true, Ordering::AcqRel) {
+            q.steps.push_back(step.clone());
+        }
         if Deferred::note(self, pid) {
-            // In an answer's hand-over (a scheduler thread): the answering
-            // runner takes a step next, and the NIF wakes runners for the
-            // rest once the hand-over is over.
-            if !step.queued.swap(true, Ordering::AcqRel) {
-                lock(&self.queue).steps.push_back(step.clone());
-            }
             return true;
         }
-        let ring = {
-            let mut q = lock(&self.queue);
-            if !step.queued.swap(true, Ordering::AcqRel) {
-                q.steps.push_back(step.clone());
-                while let Some(runner) = q.idle.pop() {
-                    if send(runner, |env| atoms::gen_durable_step().encode(env)) {
-                        return true;
-                    }
-                }
+        self.wake(q, 1, pid, |to, message| send(to, |env| message.encode(env)))
+    }
+
+    /// Wakes idle runners for `steps` queued steps; with too few idle, tells
+    /// the dispatcher `pid` (once while it has not answered). False if that
+    /// message could not go.
+    fn wake(
+        &self,
+        mut q: MutexGuard<'_, Queue>,
+        mut steps: usize,
+        pid: LocalPid,
+        send: impl Fn(LocalPid, Atom) -> bool,
+    ) -> bool {
+        while steps > 0 {
+            let Some(runner) = q.idle.pop() else { break };
+            if send(runner, atoms::gen_durable_step()) {
+                steps -= 1;
             }
-            !std::mem::replace(&mut q.rung, true)
-        };
-        if ring && !send(pid, |env| atoms::gen_durable_steps().encode(env)) {
-            lock(&self.queue).rung = false;
-            return false;
         }
-        true
+        if steps == 0 || std::mem::replace(&mut q.rung, true) {
+            return true;
+        }
+        drop(q);
+        if send(pid, atoms::gen_durable_steps()) {
+            return true;
+        }
+        lock(&self.queue).rung = false;
+        false
     }
 
     /// How many runners the dispatcher should start: one per queued step.
@@ -304,24 +315,13 @@ impl Dispatcher {
     /// scheduler, less the one the calling runner takes if `answered` was
     /// its step; with too few idle, tells the dispatcher `pid`.
     fn wake_deferred(&self, env: Env, pid: LocalPid, steps: usize, answered: &Arc<Step>) {
-        let mut q = lock(&self.queue);
+        let q = lock(&self.queue);
         let mine = q
             .current
             .get(&env.pid())
             .is_some_and(|s| Arc::ptr_eq(s, answered));
-        let mut wanted = steps.saturating_sub(usize::from(mine)).min(q.steps.len());
-        while wanted > 0 {
-            let Some(runner) = q.idle.pop() else { break };
-            if env.send(&runner, atoms::gen_durable_step()).is_ok() {
-                wanted -= 1;
-            }
-        }
-        if wanted > 0 && !std::mem::replace(&mut q.rung, true) {
-            drop(q);
-            if env.send(&pid, atoms::gen_durable_steps()).is_err() {
-                lock(&self.queue).rung = false;
-            }
-        }
+        let wanted = steps.saturating_sub(usize::from(mine)).min(q.steps.len());
+        self.wake(q, wanted, pid, |to, message| env.send(&to, message).is_ok());
     }
 }
 
