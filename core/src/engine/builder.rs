@@ -74,14 +74,19 @@ impl EngineBuilder {
     /// ("max_parallel_workers_per_gather", "0")])` on the connect options),
     /// which spares its statements tens of milliseconds of compiling on large
     /// tables, a plan per insert and a worker's start-up per short scan;
-    /// consider the same for this one.
+    /// consider the same for this one. The claim path shares this pool with
+    /// everything else (an engine opened from a URL keeps connections of its
+    /// own for it: [`EngineBuilder::max_connections`]).
     pub fn pool(mut self, pool: PgPool) -> Self {
         self.connect = Some(Connect::Pool(pool));
         self
     }
 
-    /// Connections of the pool the engine opens from a URL (default: 2 per
-    /// queue slot, at least 10).
+    /// Connections the engine opens from a URL (default: 2 per queue slot, at
+    /// least 10). Of these, one per queue and two more are the claim path's
+    /// own (its pickers' and outcome writer's calls), kept apart so that
+    /// other work cannot take them and each has planned the claim path's
+    /// statements once; with fewer than four more than that, all are shared.
     pub fn max_connections(mut self, n: u32) -> Self {
         self.max_connections = Some(n);
         self
@@ -389,36 +394,31 @@ impl EngineBuilder {
             let inner = workflows.remove(&name).expect("validated");
             workflows.insert(name, Arc::new(WithStepRates { inner, steps }));
         }
-        let pool = match self.connect {
-            Some(Connect::Pool(pool)) => pool,
+        let (pool, claims) = match self.connect {
+            Some(Connect::Pool(pool)) => (pool.clone(), pool),
             Some(Connect::Url(url)) => {
                 let slots: u64 = self.cfg.queues.values().map(|&n| u64::from(n)).sum();
                 let default = (slots * 2).clamp(10, u64::from(u32::MAX)) as u32;
-                PgPoolOptions::new()
-                    .max_connections(self.max_connections.unwrap_or(default))
-                    .acquire_timeout(self.connect_timeout)
-                    // sqlx pings every connection it hands out: a round trip
-                    // per statement on the claim path. Only connections idle
-                    // for a while are checked; a busy one fails on its own
-                    // statement, which the engine retries like any dropped
-                    // connection.
-                    .test_before_acquire(false)
-                    .before_acquire(|conn, meta| {
-                        Box::pin(async move {
-                            if meta.idle_for >= IDLE_CHECK {
-                                sqlx::Connection::ping(conn).await?;
-                            }
-                            Ok(true)
-                        })
-                    })
-                    .connect_lazy_with(connect_options(&url)?)
+                let max = self.max_connections.unwrap_or(default);
+                let opts = connect_options(&url)?;
+                let pool = |n: u32| engine_pool(n, self.connect_timeout, opts.clone());
+                // The claim path's calls get connections of their own (see
+                // `Store::claims`), out of the same number, when it leaves
+                // the rest at least two.
+                let own = crate::node::claim_connections(self.cfg.queues.len());
+                if self.cfg.queues.is_empty() || max < own + 2 {
+                    let shared = pool(max);
+                    (shared.clone(), shared)
+                } else {
+                    (pool(max - own), pool(own))
+                }
             }
             None => unreachable!("validated"),
         };
         if self.migrate {
             store::migrate(&pool, &self.cfg.schema).await?;
         }
-        let store = Store::new(pool, &self.cfg.schema);
+        let store = Store::new(pool, claims, &self.cfg.schema);
         Ok(Engine {
             ctx: Arc::new(Context::new(store, self.cfg, workflows)),
             node: Default::default(),
@@ -434,6 +434,28 @@ impl EngineBuilder {
         engine.start().await?;
         Ok(engine)
     }
+}
+
+/// A pool the engine opens: connected on first use, a connection idle for a
+/// while pinged before it is handed out.
+fn engine_pool(max: u32, timeout: Duration, opts: sqlx::postgres::PgConnectOptions) -> PgPool {
+    PgPoolOptions::new()
+        .max_connections(max)
+        .acquire_timeout(timeout)
+        // sqlx pings every connection it hands out: a round trip per
+        // statement on the claim path. Only connections idle for a while are
+        // checked; a busy one fails on its own statement, which the engine
+        // retries like any dropped connection.
+        .test_before_acquire(false)
+        .before_acquire(|conn, meta| {
+            Box::pin(async move {
+                if meta.idle_for >= IDLE_CHECK {
+                    sqlx::Connection::ping(conn).await?;
+                }
+                Ok(true)
+            })
+        })
+        .connect_lazy_with(opts)
 }
 
 /// The options of the engine's own connections. JIT is off: the engine's

@@ -54,8 +54,10 @@ pub struct Engine {
 }
 
 impl Engine {
-    /// The pool the engine uses. A pool the engine opened itself plans prepared
-    /// statements generically and without JIT (see [`EngineBuilder::pool`]).
+    /// The pool the engine uses, for everything but the claim path's own
+    /// connections (see [`EngineBuilder::max_connections`]). A pool the
+    /// engine opened itself plans prepared statements generically and
+    /// without JIT (see [`EngineBuilder::pool`]).
     pub fn pool(&self) -> &PgPool {
         &self.ctx.store.pool
     }

@@ -47,7 +47,7 @@ pub(super) async fn record_and_claim(
     );
     let result = ctx
         .store
-        .handoff(&ctx.store.pool, &call, &ctx.limits)
+        .handoff(&ctx.store.claims, &call, &ctx.limits)
         .instrument(span.clone())
         .await;
     if let Ok(rows) = &result {
@@ -120,19 +120,23 @@ pub(super) async fn record_and_claim(
     Ok(h)
 }
 
+/// The connections the claim path holds at most at once, on a node of
+/// `queues` queues: a picker's call per queue and the outcome writer's.
+pub(crate) fn claim_connections(queues: usize) -> u32 {
+    (queues + super::completer::WRITERS).min(u32::MAX as usize) as u32
+}
+
 /// Prepare the connections the claim path will use, before any work:
 /// PostgreSQL compiles the functions and plans the pick on a connection's
 /// first call (about 30 ms of CPU), which would otherwise stall the first
 /// claim and outcome on every new connection. A call that records an outcome
 /// for no row and picks from no queue does it and changes nothing.
 ///
-/// Only what the start needs: a connection per picker and one for the
-/// outcome writer. A second writer call (for large batches) or a busy moment
-/// opens more, and each pays its first call when it comes: warming more up
-/// front delays every start by their CPU (docs/performance.md).
+/// Every connection the claim path will hold (`Store::claims`): one per
+/// picker and one per outcome call in flight.
 pub(super) async fn warm_up(sh: &Shared) {
-    let pool = &sh.ctx.store.pool;
-    let n = (sh.wakes.len() + 1).min(pool.options().get_max_connections() as usize);
+    let pool = &sh.ctx.store.claims;
+    let n = claim_connections(sh.wakes.len()).min(pool.options().get_max_connections()) as usize;
     // A pool shared with the application may have no connection to spare:
     // warm what can be had quickly rather than delay the start.
     let deadline = tokio::time::Instant::now() + Duration::from_millis(500);

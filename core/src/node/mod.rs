@@ -21,6 +21,7 @@ mod rate_waker;
 mod successors;
 
 /// A step's run outside a node's executor (a drain in the calling task).
+pub(crate) use claims::claim_connections;
 pub(crate) use executor::{outcome_of, UserStep};
 pub use handover::handover;
 

@@ -15,16 +15,25 @@ pub(crate) use migrate::migrate;
 
 use sqlx::PgPool;
 
-/// A pool and the statements of one schema.
+/// The pools and the statements of one schema.
 pub(crate) struct Store {
     pub pool: PgPool,
+    /// The claim path's own connections (the outcome writer's and the
+    /// pickers' `handoff` calls), as many as it runs at once. A connection's
+    /// first `handoff` compiles the functions and plans their statements,
+    /// about 30 ms of the server's CPU: on a pool shared with everything
+    /// else, every connection of it came to pay that in turn, mid-run. The
+    /// same pool as `pool` when the engine was handed one, or allowed few
+    /// connections.
+    pub claims: PgPool,
     pub sql: Sql,
 }
 
 impl Store {
-    pub fn new(pool: PgPool, schema: &str) -> Store {
+    pub fn new(pool: PgPool, claims: PgPool, schema: &str) -> Store {
         Store {
             pool,
+            claims,
             sql: Sql::new(schema),
         }
     }
