@@ -125,7 +125,13 @@ const insertAll = async () => {
 const nodes = Number(args.nodes ?? 1);
 if (args.worker === "1") {
   const runner = await startWorker();
-  await drained();
+  // Its count every 10 ms to the first process, which sums them: counting
+  // the jobs table as often would cost the server a scan each time.
+  // It ends when the table is empty, which the first process times: it
+  // looks only every 100 ms.
+  const progress = setInterval(() => console.log(`progress ${done}`), 10);
+  await waitUntil(async () => (await remaining()) === 0, 100);
+  clearInterval(progress);
   await close(runner);
   console.log(JSON.stringify({ done }));
   process.exit(0);
@@ -137,11 +143,22 @@ function extraWorker(k) {
   if (args.record) argv.push("--record", `${args.record}.${k}`);
   const child = spawn(process.execPath, argv, { stdio: ["ignore", "pipe", "inherit"] });
   let out = "";
-  child.stdout.on("data", (d) => (out += d));
+  child.stdout.on("data", (d) => {
+    out += d;
+    const lines = out.split("\n");
+    out = lines.pop();
+    for (const line of lines) {
+      if (line.startsWith("progress ")) progressOf[k] = Number(line.slice(9));
+      else if (line.trim()) last[k] = line;
+    }
+  });
   return new Promise((resolve, reject) =>
-    child.on("exit", (code) => (code === 0 ? resolve(JSON.parse(out.trim().split("\n").pop()).done) : reject(new Error(`worker ${k} exited with ${code}`)))),
+    child.on("exit", (code) => (code === 0 ? resolve(JSON.parse((last[k] ?? out).trim()).done) : reject(new Error(`worker ${k} exited with ${code}`)))),
   );
 }
+// What the other worker processes said last: their progress, and their final line.
+const progressOf = {};
+const last = {};
 
 let runner, t, extra = {};
 if (args.nodes !== undefined) {
@@ -150,13 +167,32 @@ if (args.nodes !== undefined) {
   t = performance.now();
   const others = Array.from({ length: nodes - 1 }, (_, k) => extraWorker(k + 1));
   runner = await startWorker();
+  // As gendurable's first node does (cli/src/workload.rs, Pace): when a tenth
+  // and nine tenths of the jobs were done; the rate between the two is the
+  // steady one, and the start costs the time to the first tenth beyond what
+  // that rate would have taken.
+  // The jobs run are counted in the processes (this one's and what the
+  // others last said); the table is counted once they add up.
+  const marks = {};
+  await waitUntil(() => {
+    const finished = Object.values(progressOf).reduce((a, b) => a + b, done);
+    const at = performance.now() - t;
+    if (marks.tenth === undefined && finished * 10 >= args.jobs) marks.tenth = at;
+    if (marks.nine === undefined && finished * 10 >= args.jobs * 9) marks.nine = at;
+    return finished >= args.jobs;
+  }, 2);
   await drained();
   const seconds = (performance.now() - t) / 1000;
   await close(runner);
   const counts = [done, ...(await Promise.all(others))];
   const total = counts.reduce((a, b) => a + b, 0);
   for (let k = 1; k < nodes && args.record; k++) appendFileSync(args.record, readFileSync(`${args.record}.${k}`));
-  emit(args, seconds, { nodes, shares: counts.map((c) => c / total) });
+  const pace = {};
+  if (marks.nine > marks.tenth) {
+    pace.steady_jobs_per_s = (0.8 * args.jobs) / ((marks.nine - marks.tenth) / 1000);
+    pace.ramp_ms = Math.max(0, marks.tenth - (0.1 * args.jobs * 1000) / pace.steady_jobs_per_s);
+  }
+  emit(args, seconds, { nodes, shares: counts.map((c) => c / total), ...pace });
   process.exit(0);
 } else if (args.workload === "w4") {
   runner = await startWorker();
