@@ -86,7 +86,8 @@ impl EngineBuilder {
     /// least 10). Of these, one per queue and two more are the claim path's
     /// own (its pickers' and outcome writer's calls), kept apart so that
     /// other work cannot take them and each has planned the claim path's
-    /// statements once; with fewer than four more than that, all are shared.
+    /// statements once; when that would leave fewer than two for the rest,
+    /// all are shared.
     pub fn max_connections(mut self, n: u32) -> Self {
         self.max_connections = Some(n);
         self
