@@ -420,6 +420,11 @@ async fn on_nodes(
     record: &Option<std::path::PathBuf>,
     rec: &Records,
 ) -> Result<serde_json::Value> {
+    // Fresh statistics after the bulk insert, as PostgreSQL advises after a
+    // bulk load (graphile-worker's runner does the same for its table).
+    sqlx::query(&format!("ANALYZE \"{schema}\".instances"))
+        .execute(engine.pool())
+        .await?;
     let mut extras = Vec::new();
     for i in 1..fleet.nodes {
         extras.push(cluster::Extra::spawn(what, schema, node, record.as_deref(), i).await?);
