@@ -92,6 +92,9 @@ async def main() -> None:
         t = time.perf_counter()
         await client.enqueue([entrypoint(i) for i in range(n)], [None] * n, [0] * n)
         extra = {"insert_per_s": n / (time.perf_counter() - t)} if args.workload == "w1" else {}
+        # Fresh statistics after the bulk insert, before the clock, as PostgreSQL
+        # advises after a bulk load (every runner does: benchmarks/README.md, Results).
+        await client.driver.execute("ANALYZE pgqueuer")
         t = time.perf_counter()
         worker = start_worker()
         await finished()

@@ -79,6 +79,9 @@ async def main() -> None:
                 await job.configure(lock=lock).batch_defer_async(*batch)
             if args.workload == "w1":
                 extra = {"insert_per_s": args.jobs / (time.perf_counter() - t)}
+            # Fresh statistics after the bulk insert, before the clock, as PostgreSQL
+            # advises after a bulk load (every runner does: benchmarks/README.md, Results).
+            await app.connector.execute_query_async("ANALYZE procrastinate_jobs")
             t = time.perf_counter()
             worker = start_worker()
             await finished()

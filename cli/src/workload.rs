@@ -421,7 +421,7 @@ async fn on_nodes(
     rec: &Records,
 ) -> Result<serde_json::Value> {
     // Fresh statistics after the bulk insert, as PostgreSQL advises after a
-    // bulk load (graphile-worker's runner does the same for its table).
+    // bulk load (every peer's runner does the same for its own table).
     sqlx::query(&format!("ANALYZE \"{schema}\".instances"))
         .execute(engine.pool())
         .await?;
