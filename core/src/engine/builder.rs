@@ -7,7 +7,7 @@ use crate::context::Context;
 use crate::cron::CronEntry;
 use crate::error::{Error, Result};
 use crate::outcome::check_rate_key;
-use crate::store::{self, Store};
+use crate::store::{self, Store, IDLE_CHECK};
 use crate::validate;
 use crate::workflow::{
     FnWorkflow, StepContext, StepResult, WithStepRates, Workflow, WorkflowDefaults,
@@ -19,9 +19,6 @@ use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
-
-/// How long a pooled connection may sit idle before it is pinged on acquire.
-const IDLE_CHECK: Duration = Duration::from_secs(1);
 
 enum Connect {
     Url(String),
@@ -395,8 +392,8 @@ impl EngineBuilder {
             let inner = workflows.remove(&name).expect("validated");
             workflows.insert(name, Arc::new(WithStepRates { inner, steps }));
         }
-        let (pool, claims) = match self.connect {
-            Some(Connect::Pool(pool)) => (pool.clone(), pool),
+        let (pool, claims, own_claims) = match self.connect {
+            Some(Connect::Pool(pool)) => (pool.clone(), pool, false),
             Some(Connect::Url(url)) => {
                 let slots: u64 = self.cfg.queues.values().map(|&n| u64::from(n)).sum();
                 let default = (slots * 2).clamp(10, u64::from(u32::MAX)) as u32;
@@ -409,9 +406,9 @@ impl EngineBuilder {
                 let own = crate::node::claim_connections(self.cfg.queues.len());
                 if self.cfg.queues.is_empty() || max < own + 2 {
                     let shared = pool(max);
-                    (shared.clone(), shared)
+                    (shared.clone(), shared, false)
                 } else {
-                    (pool(max - own), pool(own))
+                    (pool(max - own), pool(own), true)
                 }
             }
             None => unreachable!("validated"),
@@ -419,7 +416,7 @@ impl EngineBuilder {
         if self.migrate {
             store::migrate(&pool, &self.cfg.schema).await?;
         }
-        let store = Store::new(pool, claims, &self.cfg.schema);
+        let store = Store::new(pool, claims, own_claims, &self.cfg.schema);
         Ok(Engine {
             ctx: Arc::new(Context::new(store, self.cfg, workflows)),
             node: Default::default(),

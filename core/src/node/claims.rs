@@ -45,11 +45,14 @@ pub(super) async fn record_and_claim(
         queues = demand.len(),
         claimed = tracing::field::Empty,
     );
-    let result = ctx
-        .store
-        .handoff(&ctx.store.claims, &call, &ctx.limits)
-        .instrument(span.clone())
-        .await;
+    let result = async {
+        let mut conn = ctx.store.claim_conn().await?;
+        let rows = ctx.store.handoff(&mut *conn, &call, &ctx.limits).await?;
+        ctx.store.keep_claim_conn(conn);
+        Ok(rows)
+    }
+    .instrument(span.clone())
+    .await;
     if let Ok(rows) = &result {
         span.record("claimed", rows.len().saturating_sub(1));
     }
@@ -165,9 +168,11 @@ pub(super) async fn warm_up(sh: &Shared) {
     let calls = conns
         .iter_mut()
         .map(|c| ctx.store.handoff(&mut **c, &call, &ctx.limits));
-    for r in futures::future::join_all(calls).await {
-        if let Err(e) = r {
-            tracing::debug!(error = %e, "warming a connection failed");
+    let results = futures::future::join_all(calls).await;
+    for (conn, r) in conns.into_iter().zip(results) {
+        match r {
+            Ok(_) => ctx.store.keep_claim_conn(conn),
+            Err(e) => tracing::debug!(error = %e, "warming a connection failed"),
         }
     }
 }

@@ -4,16 +4,20 @@
 //! the statements the node runs.
 
 mod claims;
+mod kept;
 mod limits;
 mod maintenance;
 mod migrate;
 
 pub(crate) use claims::{read_handoff, Call, Demand, Handoff, Held};
+pub(crate) use kept::IDLE_CHECK;
 pub(crate) use limits::Limits;
 pub(crate) use maintenance::Beat;
 pub(crate) use migrate::migrate;
 
-use sqlx::PgPool;
+use kept::Kept;
+use sqlx::pool::PoolConnection;
+use sqlx::{PgPool, Postgres};
 
 /// The pools and the statements of one schema.
 pub(crate) struct Store {
@@ -26,15 +30,37 @@ pub(crate) struct Store {
     /// same pool as `pool` when the engine was handed one, or allowed few
     /// connections.
     pub claims: PgPool,
+    /// `claims`' connections between calls, when it is the engine's own
+    /// pool (one shared keeps its connections for everything else).
+    kept: Option<Kept>,
     pub sql: Sql,
 }
 
 impl Store {
-    pub fn new(pool: PgPool, claims: PgPool, schema: &str) -> Store {
+    /// `own_claims`: `claims` is a pool of the claim path's alone.
+    pub fn new(pool: PgPool, claims: PgPool, own_claims: bool, schema: &str) -> Store {
         Store {
             pool,
             claims,
+            kept: own_claims.then(Kept::new),
             sql: Sql::new(schema),
+        }
+    }
+
+    /// A connection for a claim-path call; give it back with
+    /// [`Store::keep_claim_conn`] once the call succeeded.
+    pub async fn claim_conn(&self) -> sqlx::Result<PoolConnection<Postgres>> {
+        match &self.kept {
+            Some(kept) => kept.take(&self.claims).await,
+            None => self.claims.acquire().await,
+        }
+    }
+
+    /// Keep a claim-path connection whose call succeeded (or return it to a
+    /// shared pool).
+    pub fn keep_claim_conn(&self, conn: PoolConnection<Postgres>) {
+        if let Some(kept) = &self.kept {
+            kept.put(conn);
         }
     }
 }
