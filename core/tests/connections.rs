@@ -49,32 +49,14 @@ async fn steps_run_while_every_other_connection_is_taken() {
 
     // Rows inserted by another engine from now on: only the claim path's
     // own connections can claim and record them.
-    let client = support::builder(&support::url(), &schema)
-        .build()
-        .await
-        .unwrap();
-    let n = 200;
-    client
-        .insert_many(
-            (0..n)
-                .map(|i| NewInstance::new("Noop", json!({ "i": i })))
-                .collect(),
-        )
-        .await
-        .unwrap();
-    let observer = sqlx::PgPool::connect(&support::url()).await.unwrap();
-    support::eventually("every step done", Duration::from_secs(60), || {
-        let (observer, schema) = (&observer, &schema);
-        async move { support::count(observer, schema, "completed").await == n }
-    })
-    .await;
+    insert_and_wait(&support::url(), &schema, 0, 200).await;
     hog.abort();
     let _ = hog.await;
     node.shutdown().await.unwrap();
 }
 
-/// Rows inserted by another engine, and the number that completed once all
-/// of them (and every row before them) did.
+/// Insert `n` rows by another engine and wait until they (and the `from`
+/// rows before them) have completed.
 async fn insert_and_wait(url: &str, schema: &str, from: i64, n: i64) {
     let client = support::builder(url, schema).build().await.unwrap();
     client
