@@ -1,12 +1,17 @@
 //! The claim path's connections are its own: work that takes every other
 //! connection of the engine's pool (inserts, the dashboard, maintenance)
 //! does not hold back claims and outcomes. It keeps them between calls, and
-//! replaces one that broke meanwhile.
+//! replaces one that broke meanwhile or stopped answering.
 mod support;
 
 use gendurable::{NewInstance, Transition};
 use serde_json::json;
+use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+use std::sync::Arc;
 use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{TcpListener, TcpStream};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn steps_run_while_every_other_connection_is_taken() {
@@ -109,4 +114,105 @@ async fn kept_claim_connections_that_broke_are_replaced() {
     // Their next calls fail; the node replaces them and runs the rest.
     insert_and_wait(&base, &schema, 100, 200).await;
     node.shutdown().await.unwrap();
+}
+
+/// A TCP proxy to the test's PostgreSQL whose connections can be made to
+/// stop answering, as after a failover or a dropped NAT mapping that closed
+/// nothing: after [`Stalling::stall`], every connection open then has its
+/// bytes read and never forwarded, its sockets left open; connections opened
+/// later pass.
+struct Stalling {
+    url: String,
+    epoch: Arc<AtomicU64>,
+    accept: tokio::task::JoinHandle<()>,
+}
+
+impl Stalling {
+    async fn start(url: &str) -> Stalling {
+        let opts: sqlx::postgres::PgConnectOptions = url.parse().unwrap();
+        let target = format!("{}:{}", opts.get_host(), opts.get_port());
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let here = format!("127.0.0.1:{}", listener.local_addr().unwrap().port());
+        assert!(url.contains(&target), "{url} names its server as {target}");
+        let epoch = Arc::new(AtomicU64::new(0));
+        let accept = tokio::spawn({
+            let (epoch, target) = (epoch.clone(), target.clone());
+            async move {
+                loop {
+                    let Ok((client, _)) = listener.accept().await else {
+                        continue;
+                    };
+                    let Ok(server) = TcpStream::connect(&target).await else {
+                        continue;
+                    };
+                    let born = epoch.load(SeqCst);
+                    let (cr, cw) = client.into_split();
+                    let (sr, sw) = server.into_split();
+                    tokio::spawn(pump(cr, sw, born, epoch.clone()));
+                    tokio::spawn(pump(sr, cw, born, epoch.clone()));
+                }
+            }
+        });
+        Stalling {
+            url: url.replacen(&target, &here, 1),
+            epoch,
+            accept,
+        }
+    }
+
+    /// Every connection open now stops answering.
+    fn stall(&self) {
+        self.epoch.fetch_add(1, SeqCst);
+    }
+}
+
+impl Drop for Stalling {
+    fn drop(&mut self) {
+        self.accept.abort();
+    }
+}
+
+/// Forward bytes until the connection's epoch has passed; then hold on to
+/// what comes, forever.
+async fn pump(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, born: u64, epoch: Arc<AtomicU64>) {
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        if epoch.load(SeqCst) != born {
+            std::future::pending::<()>().await;
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claim_calls_on_connections_that_stopped_answering_are_given_up() {
+    let schema = support::schema("stalled");
+    let base = support::url();
+    let proxy = Stalling::start(&base).await;
+    let node = support::builder(&proxy.url, &schema)
+        .queue("default", 4)
+        .workflow_fn("Noop", |_step, state, _ctx| async move {
+            Ok(Transition::done(state))
+        })
+        .start()
+        .await
+        .unwrap();
+    insert_and_wait(&base, &schema, 0, 100).await;
+
+    // The claim path's kept connections, among every other of the node's,
+    // stop answering without being closed: its next calls wait for an
+    // answer that never comes, until the node gives them up (after a lease,
+    // 2 s here) and calls again on new connections.
+    proxy.stall();
+    insert_and_wait(&base, &schema, 100, 200).await;
+    // Not shut down: its other pool's stalled connections (maintenance's,
+    // the shutdown's own) still wait for their answers; only the claim path
+    // gives calls up so far.
+    drop(node);
 }

@@ -4,7 +4,7 @@
 use super::{lock, Shared};
 use crate::outcome::{Claimed, OutcomeRow};
 use crate::stats::Stats;
-use crate::store::{read_handoff, Call, Demand, Handoff};
+use crate::store::{close_now, read_handoff, unanswered, Call, Demand, Handoff};
 use std::sync::atomic::Ordering::{Relaxed, SeqCst};
 use std::time::{Duration, Instant};
 use tracing::Instrument;
@@ -45,11 +45,25 @@ pub(super) async fn record_and_claim(
         queues = demand.len(),
         claimed = tracing::field::Empty,
     );
+    // A call unanswered for a lease is given up, and its connection closed:
+    // one whose server went away without closing it (a failover, a dropped
+    // NAT mapping) would otherwise wait for an answer forever, holding its
+    // outcomes and slots. What the call did, if it committed, its retry
+    // finds fenced, as after any connection lost after a commit.
+    let limit = ctx.cfg.lease;
     let result = async {
-        let mut conn = ctx.store.claim_conn().await?;
-        let rows = ctx.store.handoff(&mut *conn, &call, &ctx.limits).await?;
-        ctx.store.keep_claim_conn(conn);
-        Ok(rows)
+        let mut conn = ctx.store.claim_conn(limit).await?;
+        match tokio::time::timeout(limit, ctx.store.handoff(&mut *conn, &call, &ctx.limits)).await {
+            Ok(Ok(rows)) => {
+                ctx.store.keep_claim_conn(conn);
+                Ok(rows)
+            }
+            Ok(Err(e)) => Err(e),
+            Err(_) => {
+                close_now(conn);
+                Err(unanswered(limit))
+            }
+        }
     }
     .instrument(span.clone())
     .await;

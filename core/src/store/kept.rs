@@ -25,17 +25,26 @@ impl Kept {
     }
 
     /// A kept connection (pinged if it idled for `IDLE_CHECK`), else one of
-    /// `pool`'s.
-    pub async fn take(&self, pool: &PgPool) -> sqlx::Result<PoolConnection<Postgres>> {
+    /// `pool`'s. One whose ping fails goes back to the pool, which closes
+    /// it; one whose ping goes unanswered for `limit` is closed here.
+    pub async fn take(
+        &self,
+        pool: &PgPool,
+        limit: Duration,
+    ) -> sqlx::Result<PoolConnection<Postgres>> {
         loop {
             let kept = self.0.lock().unwrap_or_else(|p| p.into_inner()).pop();
             let Some((mut conn, since)) = kept else {
                 return pool.acquire().await;
             };
-            if since.elapsed() < IDLE_CHECK || conn.ping().await.is_ok() {
+            if since.elapsed() < IDLE_CHECK {
                 return Ok(conn);
             }
-            // Broken: dropping it returns it to the pool, which closes it.
+            match tokio::time::timeout(limit, conn.ping()).await {
+                Ok(Ok(())) => return Ok(conn),
+                Ok(Err(_)) => {}
+                Err(_) => close_now(conn),
+            }
         }
     }
 
@@ -48,13 +57,29 @@ impl Kept {
     }
 }
 
+/// Close `conn` at once, without returning it to its pool: the pool would
+/// ping it first (waiting for an answer that may never come), and needs a
+/// runtime to do so.
+pub(crate) fn close_now(conn: PoolConnection<Postgres>) {
+    drop(conn.detach());
+}
+
+/// The error of a call that went unanswered for `limit`: a lost connection,
+/// retried as one.
+pub(crate) fn unanswered(limit: Duration) -> sqlx::Error {
+    sqlx::Error::Io(std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        format!("the database did not answer within {limit:?}; the connection is closed"),
+    ))
+}
+
 impl Drop for Kept {
     /// Returning a connection to its pool needs a runtime, and the engine may
     /// be dropped outside one: the kept ones are detached and closed instead.
     fn drop(&mut self) {
         let kept = self.0.get_mut().unwrap_or_else(|p| p.into_inner());
         for (conn, _) in kept.drain(..) {
-            drop(conn.detach());
+            close_now(conn);
         }
     }
 }

@@ -10,7 +10,7 @@ mod maintenance;
 mod migrate;
 
 pub(crate) use claims::{read_handoff, Call, Demand, Handoff, Held};
-pub(crate) use kept::IDLE_CHECK;
+pub(crate) use kept::{close_now, unanswered, IDLE_CHECK};
 pub(crate) use limits::Limits;
 pub(crate) use maintenance::Beat;
 pub(crate) use migrate::migrate;
@@ -18,6 +18,7 @@ pub(crate) use migrate::migrate;
 use kept::Kept;
 use sqlx::pool::PoolConnection;
 use sqlx::{PgPool, Postgres};
+use std::time::Duration;
 
 /// The pools and the statements of one schema.
 pub(crate) struct Store {
@@ -48,10 +49,11 @@ impl Store {
     }
 
     /// A connection for a claim-path call; give it back with
-    /// [`Store::keep_claim_conn`] once the call succeeded.
-    pub async fn claim_conn(&self) -> sqlx::Result<PoolConnection<Postgres>> {
+    /// [`Store::keep_claim_conn`] once the call succeeded. A kept one that
+    /// does not answer its check within `limit` is closed.
+    pub async fn claim_conn(&self, limit: Duration) -> sqlx::Result<PoolConnection<Postgres>> {
         match &self.kept {
-            Some(kept) => kept.take(&self.claims).await,
+            Some(kept) => kept.take(&self.claims, limit).await,
             None => self.claims.acquire().await,
         }
     }
