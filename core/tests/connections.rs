@@ -4,7 +4,7 @@
 //! replaces one that broke meanwhile or stopped answering.
 mod support;
 
-use gendurable::{NewInstance, Transition};
+use gendurable::{EngineBuilder, NewInstance, Transition};
 use serde_json::json;
 use sqlx::ConnectOptions;
 use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
@@ -19,12 +19,8 @@ async fn steps_run_while_every_other_connection_is_taken() {
     let schema = support::schema("connections");
     // One queue: a picker's connection and two for the outcome writer's
     // calls are the claim path's; the other three are the engine's pool.
-    let node = support::builder(&support::url(), &schema)
-        .queue("default", 4)
+    let node = noop_node(&support::url(), &schema)
         .max_connections(6)
-        .workflow_fn("Noop", |_step, state, _ctx| async move {
-            Ok(Transition::done(state))
-        })
         .start()
         .await
         .unwrap();
@@ -61,6 +57,16 @@ async fn steps_run_while_every_other_connection_is_taken() {
     node.shutdown().await.unwrap();
 }
 
+/// A node of one queue (4 steps at once) whose steps of `Noop` are done at
+/// once.
+fn noop_node(url: &str, schema: &str) -> EngineBuilder {
+    support::builder(url, schema)
+        .queue("default", 4)
+        .workflow_fn("Noop", |_step, state, _ctx| async move {
+            Ok(Transition::done(state))
+        })
+}
+
 /// Insert `n` rows by another engine and wait until they (and the `from`
 /// rows before them) have completed.
 async fn insert_and_wait(url: &str, schema: &str, from: i64, n: i64) {
@@ -89,14 +95,7 @@ async fn kept_claim_connections_that_broke_are_replaced() {
     let base = support::url();
     let sep = if base.contains('?') { '&' } else { '?' };
     let node_url = format!("{base}{sep}application_name={name}");
-    let node = support::builder(&node_url, &schema)
-        .queue("default", 4)
-        .workflow_fn("Noop", |_step, state, _ctx| async move {
-            Ok(Transition::done(state))
-        })
-        .start()
-        .await
-        .unwrap();
+    let node = noop_node(&node_url, &schema).start().await.unwrap();
     insert_and_wait(&base, &schema, 0, 100).await;
 
     // The server ends every connection of the node: the claim path's kept
@@ -199,14 +198,7 @@ async fn claim_calls_on_connections_that_stopped_answering_are_given_up() {
     let schema = support::schema("stalled");
     let base = support::url();
     let proxy = Stalling::start(&base).await;
-    let node = support::builder(&proxy.url, &schema)
-        .queue("default", 4)
-        .workflow_fn("Noop", |_step, state, _ctx| async move {
-            Ok(Transition::done(state))
-        })
-        .start()
-        .await
-        .unwrap();
+    let node = noop_node(&proxy.url, &schema).start().await.unwrap();
     insert_and_wait(&base, &schema, 0, 100).await;
 
     // The claim path's kept connections, among every other of the node's,
