@@ -568,7 +568,7 @@ fn print_report(
     let apart_max = r.apart.iter().copied().fold(0.0, f64::max);
     println!("== summary (seed {})", opts.seed);
     println!(
-        "instances     {} inserted, {} completed as planned, {} discarded as every attempt of a step died with its process",
+        "instances     {} inserted, {} completed as planned, {} discarded as every attempt of a step ended in an error or a death, one at least in a death",
         r.instances, r.completed_as_planned, r.discarded_by_deaths
     );
     println!(

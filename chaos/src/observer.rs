@@ -174,6 +174,17 @@ impl World {
             .find(|&(a, b)| b.saturating_sub(a) > LEASE.as_nanos() as u64 && a <= to && b >= from)
     }
 
+    /// Whether the node of an execution that ended without a death of its
+    /// own may have been presumed dead before its outcome was written: its
+    /// process stopped past the lease, or Postgres down past the lease, from
+    /// its start to a lease after its end (the outcome may still have been
+    /// on its way).
+    fn presumed_dead(&self, e: &Exec) -> bool {
+        let to = e.end.saturating_add(LEASE.as_nanos() as u64);
+        self.stopped_past_lease(e.proc, e.start, to).is_some()
+            || self.long_outage(e.start, to).is_some()
+    }
+
     /// A Postgres outage longer than the lease that overlaps [from, to].
     fn long_outage(&self, from: u64, to: u64) -> Option<(u64, u64)> {
         self.outages
@@ -791,11 +802,13 @@ fn check_outcomes(w: &World, inputs: &Inputs<'_>, r: &mut Report) {
     }
 }
 
-/// An attempt lost to its process's death counts (that is what ends a
-/// crash loop), so a step that shared its process with a poison pill, or
-/// with kills, `max_attempts` times in a row is discarded: allowed when the
+/// An attempt lost to its node's death counts (that is what ends a crash
+/// loop), so a step that shared its process with a poison pill, or with
+/// kills, or ran as Postgres went down past the lease, `max_attempts` times
+/// in a row (error outcomes count too) is discarded: allowed when the
 /// instance followed its plan up to that step and each of the step's last
-/// `max_attempts` executions ended with its process.
+/// `max_attempts` executions ended with an error outcome or with its node
+/// presumed dead, one at least with a death.
 fn discarded_by_deaths(
     w: &World,
     id: i64,
@@ -819,7 +832,18 @@ fn discarded_by_deaths(
         .iter()
         .filter(|e| e.id == id && e.n == n as i64)
         .collect();
-    runs.len() >= max && runs[runs.len() - max..].iter().all(|e| e.kind == "killed")
+    if runs.len() < max {
+        return false;
+    }
+    let last = &runs[runs.len() - max..];
+    let died = |e: &Exec| e.kind == "killed" || w.presumed_dead(e);
+    last.iter().any(|e| died(e)) && last.iter().all(|e| died(e) || is_error(e))
+}
+
+/// An execution that ended with an error outcome (retried, its attempt
+/// counted).
+fn is_error(e: &Exec) -> bool {
+    matches!(e.kind.as_str(), "error" | "err" | "panic" | "aborted")
 }
 
 /// A step (instance, n) runs again only after an error outcome or a
@@ -834,43 +858,42 @@ fn check_reruns(w: &World, r: &mut Report) {
     for execs in by.values() {
         for pair in execs.windows(2) {
             let (a, b) = (pair[0], pair[1]);
-            let cause: Option<&'static str> =
-                if matches!(a.kind.as_str(), "error" | "err" | "panic" | "aborted") {
-                    Some("after an error outcome")
-                } else if a.kind == "mismatch" {
-                    Some("after a wrong step (reported above)")
-                } else if a.kind == "crash" {
-                    Some("after a planned crash of its process")
-                } else if w
-                    .procs
-                    .get(&a.proc)
-                    .and_then(|p| p.killed_at)
-                    // The kill is recorded as it is sent: a step may still
-                    // log its start before the signal lands.
-                    .is_some_and(|k| k + STOP_GRACE_NS >= a.start && k <= b.start)
-                {
-                    Some("presumed death: killed or crashed")
-                } else if w.stopped_past_lease(a.proc, a.start, b.start).is_some() {
-                    Some("presumed death: SIGSTOP past the lease")
-                } else if w.stopped_past_lease(b.proc, b.start, b.start).is_some() {
-                    // The later run's node was stopped past its lease as it
-                    // started it: the stale start no lease can prevent.
-                    Some("a node stopped past the lease as it started the step")
-                } else if w.long_outage(a.start, b.start).is_some() {
-                    Some("presumed death: Postgres down past the lease")
-                } else if w
-                    .procs
-                    .get(&a.proc)
-                    .and_then(|p| p.term)
-                    .is_some_and(|(t, gone)| {
-                        t >= a.start && t <= b.start && w.unreachable(a.proc, t, gone)
-                    })
-                {
-                    // Its outcome could not be written before the process went.
-                    Some("shut down while Postgres was out of reach")
-                } else {
-                    None
-                };
+            let cause: Option<&'static str> = if is_error(a) {
+                Some("after an error outcome")
+            } else if a.kind == "mismatch" {
+                Some("after a wrong step (reported above)")
+            } else if a.kind == "crash" {
+                Some("after a planned crash of its process")
+            } else if w
+                .procs
+                .get(&a.proc)
+                .and_then(|p| p.killed_at)
+                // The kill is recorded as it is sent: a step may still
+                // log its start before the signal lands.
+                .is_some_and(|k| k + STOP_GRACE_NS >= a.start && k <= b.start)
+            {
+                Some("presumed death: killed or crashed")
+            } else if w.stopped_past_lease(a.proc, a.start, b.start).is_some() {
+                Some("presumed death: SIGSTOP past the lease")
+            } else if w.stopped_past_lease(b.proc, b.start, b.start).is_some() {
+                // The later run's node was stopped past its lease as it
+                // started it: the stale start no lease can prevent.
+                Some("a node stopped past the lease as it started the step")
+            } else if w.long_outage(a.start, b.start).is_some() {
+                Some("presumed death: Postgres down past the lease")
+            } else if w
+                .procs
+                .get(&a.proc)
+                .and_then(|p| p.term)
+                .is_some_and(|(t, gone)| {
+                    t >= a.start && t <= b.start && w.unreachable(a.proc, t, gone)
+                })
+            {
+                // Its outcome could not be written before the process went.
+                Some("shut down while Postgres was out of reach")
+            } else {
+                None
+            };
             match cause {
                 Some(c) => *r.reruns.entry(c).or_default() += 1,
                 None => {
@@ -1058,8 +1081,23 @@ mod tests {
         assert!(allowed(&["error", "killed", "killed", "killed"]));
         assert!(!allowed(&["killed", "killed"]), "attempts left");
         assert!(
-            !allowed(&["killed", "error", "killed"]),
-            "an error outcome is no death"
+            allowed(&["killed", "error", "killed"]),
+            "an error outcome uses an attempt too"
+        );
+        assert!(!allowed(&["error", "error", "error"]), "no death");
+        assert!(
+            !allowed(&["next", "killed", "killed"]),
+            "an outcome not lost"
+        );
+        // The last ended, but Postgres went down past the lease before its
+        // outcome was written (seed 229): its node was presumed dead.
+        let mut w = world(&["error", "error", "next"]);
+        w.outages = vec![(2, 2 + 2 * LEASE.as_nanos() as u64)];
+        assert!(discarded_by_deaths(&w, 1, &plan, &row, &["s0"], &want));
+        w.outages = vec![(2, 3)];
+        assert!(
+            !discarded_by_deaths(&w, 1, &plan, &row, &["s0"], &want),
+            "an outage shorter than the lease"
         );
         assert!(!discarded_by_deaths(
             &world(&["killed"; 3]),
