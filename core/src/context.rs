@@ -2,7 +2,7 @@
 
 use crate::config::EngineConfig;
 use crate::stats::Stats;
-use crate::store::{Limits, Store};
+use crate::store::{Limits, Pass, Store};
 use crate::workflow::Workflow;
 use std::collections::HashMap;
 use std::sync::atomic::AtomicBool;
@@ -37,5 +37,11 @@ impl Context {
             stats: Stats::default(),
             others_alive: AtomicBool::new(true),
         }
+    }
+
+    /// A pass of background calls on the engine's pool, each given up after
+    /// a lease unanswered (see [`Pass`]).
+    pub fn pass(&self) -> Pass<'_> {
+        Pass::new(&self.store.pool, self.cfg.lease)
     }
 }

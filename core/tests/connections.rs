@@ -1,7 +1,8 @@
 //! The claim path's connections are its own: work that takes every other
 //! connection of the engine's pool (inserts, the dashboard, maintenance)
 //! does not hold back claims and outcomes. It keeps them between calls, and
-//! replaces one that broke meanwhile or stopped answering.
+//! replaces one that broke meanwhile or stopped answering. Maintenance and
+//! the node's stop give up calls that go unanswered too.
 mod support;
 
 use gendurable::{EngineBuilder, NewInstance, Transition};
@@ -207,8 +208,40 @@ async fn claim_calls_on_connections_that_stopped_answering_are_given_up() {
     // 2 s here) and calls again on new connections.
     proxy.stall();
     insert_and_wait(&base, &schema, 100, 200).await;
-    // Not shut down: its other pool's stalled connections (maintenance's,
-    // the shutdown's own) still wait for their answers; only the claim path
-    // gives calls up so far.
-    drop(node);
+    node.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn maintenance_on_connections_that_stopped_answering_goes_on() {
+    let schema = support::schema("stalled_upkeep");
+    let base = support::url();
+    let proxy = Stalling::start(&base).await;
+    let node = noop_node(&proxy.url, &schema).start().await.unwrap();
+    insert_and_wait(&base, &schema, 0, 20).await;
+
+    // Every connection of the node stops answering, its maintenance's among
+    // them. Rows scheduled a second ahead run only once the stager (a
+    // maintenance service) made them runnable: it gives up the call that
+    // went unanswered (after a lease, 2 s here) and stages them on a new
+    // connection.
+    proxy.stall();
+    let client = support::builder(&base, &schema).build().await.unwrap();
+    client
+        .insert_many(
+            (20..40)
+                .map(|i| {
+                    NewInstance::new("Noop", json!({ "i": i })).schedule_in(Duration::from_secs(1))
+                })
+                .collect(),
+        )
+        .await
+        .unwrap();
+    let observer = sqlx::PgPool::connect(&base).await.unwrap();
+    support::eventually("the scheduled steps done", Duration::from_secs(60), || {
+        let (observer, schema) = (&observer, &schema);
+        async move { support::count(observer, schema, "completed").await == 40 }
+    })
+    .await;
+    // The stop's own calls give up stalled connections too.
+    node.shutdown().await.unwrap();
 }

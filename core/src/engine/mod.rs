@@ -126,7 +126,7 @@ impl Engine {
     /// than the lease become runnable again. Returns how many were rescued.
     /// Running nodes do this on their own every heartbeat interval.
     pub async fn reap_now(&self) -> Result<u64> {
-        maintenance::reap(&self.ctx, None).await
+        maintenance::reap(&self.ctx, &mut self.ctx.pass(), None).await
     }
 
     /// One gate reconciler sweep now: counters are reset from the executing

@@ -126,7 +126,9 @@ impl Engine {
         let node_id = format!("{}-drain-{:08x}", ctx.cfg.node_id, rand::random::<u32>());
         let max = options.max_steps.unwrap_or(DRAIN_MAX_STEPS);
         let result = drain(ctx, &node_id, queue, options.scheduled, max).await;
-        ctx.store.forget_node(&node_id).await?;
+        ctx.pass()
+            .call(async |c| ctx.store.forget_node(c, &node_id).await)
+            .await?;
         result
     }
 

@@ -165,7 +165,7 @@ impl Node {
         let ((), start) = tokio::join!(claims::warm_up(&shared), async {
             // Rows still held under this node's id belong to a process that
             // ended (this one has claimed nothing yet): a crash is an attempt.
-            maintenance::reap(&ctx, Some(&cfg.node_id)).await?;
+            maintenance::reap(&ctx, &mut ctx.pass(), Some(&cfg.node_id)).await?;
             // Counters minted under limits configured differently take this
             // node's before it claims anything.
             if let Err(e) = maintenance::reconcile_gates(&ctx).await {
@@ -254,11 +254,14 @@ impl Node {
         }
         // The last steps' counts, on the dashboard's chart too.
         let mut recorded = sh.throughput.lock().await;
-        if let Err(e) = maintenance::record_throughput(&ctx, &mut recorded).await {
+        let mut pass = ctx.pass();
+        if let Err(e) = maintenance::record_throughput(&ctx, &mut pass, &mut recorded).await {
             tracing::debug!(error = %e, "recording throughput failed");
         }
         // Without our node row, anything left executing here is rescued at once.
-        ctx.store.forget_node(&ctx.cfg.node_id).await
+        let node_id = &ctx.cfg.node_id;
+        pass.call(async |c| ctx.store.forget_node(c, node_id).await)
+            .await
     }
 }
 

@@ -47,10 +47,15 @@ pub(super) async fn rate_waker(sh: Arc<Shared>) {
 pub(super) async fn rate_sweep(sh: &Shared) -> Result<(u64, Option<Duration>)> {
     let ctx = &sh.ctx;
     let (mut unparked, mut next, mut after) = (0, None::<f64>, None::<String>);
+    let mut pass = ctx.pass();
     loop {
-        let (n, last, next_in) = ctx
-            .store
-            .rate_sweep(after.as_deref(), UNPARK_BATCH, &ctx.limits)
+        let from = after.as_deref();
+        let (n, last, next_in) = pass
+            .call(async |c| {
+                ctx.store
+                    .rate_sweep(c, from, UNPARK_BATCH, &ctx.limits)
+                    .await
+            })
             .await?;
         unparked += n;
         if let Some(s) = next_in {

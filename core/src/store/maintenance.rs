@@ -39,41 +39,54 @@ impl Store {
     }
 
     /// A stopping node's row goes, and the rows it reserved go back.
-    pub async fn forget_node(&self, node_id: &str) -> Result<()> {
+    pub async fn forget_node<'e>(
+        &self,
+        exec: impl sqlx::PgExecutor<'e>,
+        node_id: &str,
+    ) -> Result<()> {
         sqlx::query(&self.sql.forget_node)
             .bind(node_id)
-            .execute(&self.pool)
+            .execute(exec)
             .await?;
         Ok(())
     }
 
     /// Up to `batch` due scheduled rows and timed-out awaits made runnable.
-    pub async fn stage(&self, batch: i64) -> Result<u64> {
+    pub async fn stage<'e>(&self, exec: impl sqlx::PgExecutor<'e>, batch: i64) -> Result<u64> {
         let row = sqlx::query(&self.sql.stage)
             .bind(batch)
             .bind(&self.sql.channel)
-            .fetch_one(&self.pool)
+            .fetch_one(exec)
             .await?;
         Ok(row.try_get::<i64, _>(0)? as u64)
     }
 
     /// Rescues the rows of nodes silent for `lease` seconds (or, with `own`,
     /// every row that node id holds). Returns how many.
-    pub async fn reap(&self, lease: f64, own: Option<&str>) -> Result<u64> {
+    pub async fn reap<'e>(
+        &self,
+        exec: impl sqlx::PgExecutor<'e>,
+        lease: f64,
+        own: Option<&str>,
+    ) -> Result<u64> {
         let row = sqlx::query(&self.sql.reap)
             .bind(lease)
             .bind(&self.sql.channel)
             .bind(own)
-            .fetch_one(&self.pool)
+            .fetch_one(exec)
             .await?;
         Ok(row.try_get::<i64, _>(0)? as u64)
     }
 
     /// Forgets nodes silent for `secs` seconds that hold no executing row.
-    pub async fn forget_dead_nodes(&self, secs: f64) -> Result<()> {
+    pub async fn forget_dead_nodes<'e>(
+        &self,
+        exec: impl sqlx::PgExecutor<'e>,
+        secs: f64,
+    ) -> Result<()> {
         sqlx::query(&self.sql.forget_dead_nodes)
             .bind(secs)
-            .execute(&self.pool)
+            .execute(exec)
             .await?;
         Ok(())
     }
@@ -81,8 +94,9 @@ impl Store {
     /// One bounded pass over keys with parked rows
     /// (`sql/functions/unpark_sweep.sql`). Returns the rows unparked and the
     /// last key swept (None: the sweep's end).
-    pub async fn unpark_sweep(
+    pub async fn unpark_sweep<'e>(
         &self,
+        exec: impl sqlx::PgExecutor<'e>,
         after: Option<&str>,
         batch: i32,
         limits: &Limits,
@@ -93,7 +107,7 @@ impl Store {
             .bind(&self.sql.channel)
             .bind(&limits.gate_names)
             .bind(&limits.gate_limits)
-            .fetch_one(&self.pool)
+            .fetch_one(exec)
             .await?;
         Ok((row.try_get::<i32, _>(0)? as u64, row.try_get(1)?))
     }
@@ -102,8 +116,9 @@ impl Store {
     /// (`sql/functions/rate_sweep.sql`). Returns the rows unparked, the last
     /// key swept (None: the end) and the seconds until a limit swept allows
     /// a start beyond the rows waiting (None: not before a claim).
-    pub async fn rate_sweep(
+    pub async fn rate_sweep<'e>(
         &self,
+        exec: impl sqlx::PgExecutor<'e>,
         after: Option<&str>,
         batch: i32,
         limits: &Limits,
@@ -115,7 +130,7 @@ impl Store {
             .bind(&limits.rate_names)
             .bind(&limits.rate_intervals)
             .bind(&limits.rate_tolerances)
-            .fetch_one(&self.pool)
+            .fetch_one(exec)
             .await?;
         Ok((
             row.try_get::<i32, _>(0)? as u64,
@@ -126,19 +141,26 @@ impl Store {
 
     /// Parks rows of workflows no live node runs among the first `batch`
     /// rows of `queue`. Returns how many.
-    pub async fn park_orphans(&self, queue: &str, lease: f64, batch: i32) -> Result<u64> {
+    pub async fn park_orphans<'e>(
+        &self,
+        exec: impl sqlx::PgExecutor<'e>,
+        queue: &str,
+        lease: f64,
+        batch: i32,
+    ) -> Result<u64> {
         let n: i32 = sqlx::query_scalar(&self.sql.park_orphans)
             .bind(queue)
             .bind(lease)
             .bind(batch)
-            .fetch_one(&self.pool)
+            .fetch_one(exec)
             .await?;
         Ok(n as u64)
     }
 
     /// Unparks up to `batch` rows of each of `workflows` in each of `queues`.
-    pub async fn unpark_workflows(
+    pub async fn unpark_workflows<'e>(
         &self,
+        exec: impl sqlx::PgExecutor<'e>,
         queues: &[&String],
         workflows: &[String],
         batch: i32,
@@ -148,15 +170,16 @@ impl Store {
             .bind(workflows)
             .bind(batch)
             .bind(&self.sql.channel)
-            .fetch_one(&self.pool)
+            .fetch_one(exec)
             .await?;
         Ok(n as u64)
     }
 
     /// One bounded reconciler pass from the gate key after `after`. Returns
     /// the counters changed and the last key swept (None: the end).
-    pub async fn reconcile(
+    pub async fn reconcile<'e>(
         &self,
+        exec: impl sqlx::PgExecutor<'e>,
         after: Option<&str>,
         batch: i32,
         limits: &Limits,
@@ -168,24 +191,23 @@ impl Store {
             .bind(&limits.gate_limits)
             .bind(&limits.gate_shards)
             .bind(&self.sql.channel)
-            .fetch_one(&self.pool)
+            .fetch_one(exec)
             .await?;
         Ok((row.try_get::<i32, _>(0)? as u64, row.try_get(1)?))
     }
 
     /// Deletes rate-limit state idle for a minute.
-    pub async fn prune_rates(&self) -> Result<()> {
-        sqlx::query(&self.sql.prune_rates)
-            .execute(&self.pool)
-            .await?;
+    pub async fn prune_rates<'e>(&self, exec: impl sqlx::PgExecutor<'e>) -> Result<()> {
+        sqlx::query(&self.sql.prune_rates).execute(exec).await?;
         Ok(())
     }
 
     /// Deletes up to `batch` rows final for longer than `retention`
     /// seconds, oldest first from `from` on, their kept signals, and expired
     /// signals sent by name; how many, and where the next batch starts.
-    pub async fn prune(
+    pub async fn prune<'e>(
         &self,
+        exec: impl sqlx::PgExecutor<'e>,
         retention: f64,
         batch: i64,
         from: Option<DateTime<Utc>>,
@@ -194,15 +216,16 @@ impl Store {
             .bind(retention)
             .bind(batch)
             .bind(from)
-            .fetch_one(&self.pool)
+            .fetch_one(exec)
             .await?;
         let n: i64 = row.try_get(0)?;
         Ok((n as u64, row.try_get(1)?))
     }
 
     /// Adds a node's step counts to its row of the current minute.
-    pub async fn throughput_add(
+    pub async fn throughput_add<'e>(
         &self,
+        exec: impl sqlx::PgExecutor<'e>,
         node_id: &str,
         started: i64,
         failed: i64,
@@ -213,7 +236,7 @@ impl Store {
             .bind(started)
             .bind(failed)
             .bind(completed)
-            .execute(&self.pool)
+            .execute(exec)
             .await?;
         Ok(())
     }

@@ -8,12 +8,14 @@ mod kept;
 mod limits;
 mod maintenance;
 mod migrate;
+mod pass;
 
 pub(crate) use claims::{read_handoff, Call, Demand, Handoff, Held};
 pub(crate) use kept::{close_now, unanswered, IDLE_CHECK};
 pub(crate) use limits::Limits;
 pub(crate) use maintenance::Beat;
 pub(crate) use migrate::migrate;
+pub(crate) use pass::Pass;
 
 use kept::Kept;
 use sqlx::pool::PoolConnection;

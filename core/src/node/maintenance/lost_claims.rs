@@ -5,7 +5,7 @@ use crate::error::Result;
 use crate::node::{lock, Shared};
 use crate::outcome::OutcomeRow;
 use crate::stats::Stats;
-use crate::store::Held;
+use crate::store::{Held, Pass};
 
 /// Give back rows the database says this node claimed or reserved but the
 /// node never heard of: a call that committed while its answer was lost (a
@@ -14,12 +14,12 @@ use crate::store::Held;
 /// listed, so every row they claimed is known by then. A row is this node's
 /// only under the token of its claim: one claimed again by a call whose
 /// answer was lost is given back even if an earlier claim of it is known.
-pub(super) async fn give_back_lost(sh: &Shared) -> Result<()> {
+pub(super) async fn give_back_lost(sh: &Shared, pass: &mut Pass<'_>) -> Result<()> {
     let guard = sh.claiming.write().await;
     let ctx = &sh.ctx;
-    let rows = ctx
-        .store
-        .held_by_node(&ctx.store.pool, &ctx.cfg.node_id)
+    let node_id = &ctx.cfg.node_id;
+    let rows = pass
+        .call(async |c| ctx.store.held_by_node(c, node_id).await)
         .await?;
     let (mut lost, mut unreserve) = (Vec::new(), Vec::new());
     {

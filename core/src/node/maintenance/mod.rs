@@ -57,17 +57,19 @@ pub(super) async fn maintain(sh: Arc<Shared>) {
     let mut last_recorded = Instant::now();
     loop {
         let now = Instant::now();
-        if let Err(e) = stage(ctx).await {
+        // One connection for the pass, each call given up after a lease.
+        let mut pass = ctx.pass();
+        if let Err(e) = stage(ctx, &mut pass).await {
             tracing::debug!(error = %e, "staging failed");
         }
         if now - last_reap >= cfg.heartbeat_interval {
             last_reap = now;
-            if let Err(e) = reap(ctx, None).await {
+            if let Err(e) = reap(ctx, &mut pass, None).await {
                 tracing::debug!(error = %e, "reaping failed");
             }
         }
         if sh.live.is_live() {
-            if let Err(e) = park_by_workflow(&sh).await {
+            if let Err(e) = park_by_workflow(&sh, &mut pass).await {
                 tracing::debug!(error = %e, "parking by workflow failed");
             }
         }
@@ -75,7 +77,7 @@ pub(super) async fn maintain(sh: Arc<Shared>) {
         // Rows unparked here wake this node's pickers: nothing else would
         // (the sweeps send no NOTIFY), and a long poll interval would leave
         // them waiting.
-        match unpark_keys(&sh, parked_after.as_deref()).await {
+        match unpark_keys(&sh, &mut pass, parked_after.as_deref()).await {
             Ok((n, next)) => {
                 parked_after = next;
                 if n > 0 {
@@ -87,13 +89,13 @@ pub(super) async fn maintain(sh: Arc<Shared>) {
         // Rate-limited rows too, every tick: the rate waker times the next
         // start, and this pass covers what it sleeps through (a limit another
         // node's claims used, a node without a waker).
-        match unpark_rates(&sh).await {
+        match unpark_rates(&sh, &mut pass).await {
             Ok(n) if n > 0 => sh.wake_all(),
             Ok(_) => {}
             Err(e) => tracing::debug!(error = %e, "unparking rate-limited rows failed"),
         }
         if sh.check_lost.swap(false, SeqCst) {
-            if let Err(e) = give_back_lost(&sh).await {
+            if let Err(e) = give_back_lost(&sh, &mut pass).await {
                 sh.check_lost.store(true, SeqCst);
                 tracing::debug!(error = %e, "checking for lost claims failed");
             }
@@ -103,14 +105,16 @@ pub(super) async fn maintain(sh: Arc<Shared>) {
             if gates_after.is_none() {
                 last_gc = now;
             }
-            match reconcile_gates_from(ctx, gates_after.as_deref()).await {
+            match reconcile_gates_from(ctx, &mut pass, gates_after.as_deref()).await {
                 Ok((_, next)) => gates_after = next,
                 Err(e) => tracing::debug!(error = %e, "gate reconciliation failed"),
             }
         }
         if now - last_recorded >= THROUGHPUT_EVERY {
             last_recorded = now;
-            if let Err(e) = record_throughput(ctx, &mut *sh.throughput.lock().await).await {
+            if let Err(e) =
+                record_throughput(ctx, &mut pass, &mut *sh.throughput.lock().await).await
+            {
                 tracing::debug!(error = %e, "recording throughput failed");
             }
         }
@@ -120,7 +124,7 @@ pub(super) async fn maintain(sh: Arc<Shared>) {
             // batch a tick), then at the next tick.
             let began = Instant::now();
             loop {
-                match prune_batch(ctx, &mut prune_from).await {
+                match prune_batch(ctx, &mut pass, &mut prune_from).await {
                     Ok(n) if n >= PRUNE_BATCH as u64 => {
                         if began.elapsed() >= tick / 2 {
                             break;
@@ -138,6 +142,7 @@ pub(super) async fn maintain(sh: Arc<Shared>) {
                 }
             }
         }
+        drop(pass);
         tokio::select! {
             _ = tokio::time::sleep(tick) => {}
             _ = sh.shutdown.cancelled() => return,

@@ -3,6 +3,7 @@
 use super::PRUNE_BATCH;
 use crate::context::Context;
 use crate::error::Result;
+use crate::store::Pass;
 use chrono::{DateTime, Utc};
 
 /// Where the next batch starts: the last pruned row's `finished_at` while
@@ -12,13 +13,21 @@ use chrono::{DateTime, Utc};
 pub(super) type Cursor = Option<DateTime<Utc>>;
 
 /// Prune one batch of finished rows past their retention, from `cursor`.
-pub(super) async fn prune_batch(ctx: &Context, cursor: &mut Cursor) -> Result<u64> {
+pub(super) async fn prune_batch(
+    ctx: &Context,
+    pass: &mut Pass<'_>,
+    cursor: &mut Cursor,
+) -> Result<u64> {
     let Some(retention) = ctx.cfg.retention else {
         return Ok(0);
     };
-    let (n, last) = ctx
-        .store
-        .prune(retention.as_secs_f64(), PRUNE_BATCH, *cursor)
+    let from = *cursor;
+    let (n, last) = pass
+        .call(async |c| {
+            ctx.store
+                .prune(c, retention.as_secs_f64(), PRUNE_BATCH, from)
+                .await
+        })
         .await?;
     *cursor = if n >= PRUNE_BATCH as u64 { last } else { None };
     Ok(n)
@@ -26,9 +35,9 @@ pub(super) async fn prune_batch(ctx: &Context, cursor: &mut Cursor) -> Result<u6
 
 /// Prune every finished row past its retention (on demand).
 pub(crate) async fn prune(ctx: &Context) -> Result<u64> {
-    let (mut total, mut cursor) = (0, None);
+    let (mut total, mut cursor, mut pass) = (0, None, ctx.pass());
     loop {
-        let done = prune_batch(ctx, &mut cursor).await?;
+        let done = prune_batch(ctx, &mut pass, &mut cursor).await?;
         total += done;
         if done < PRUNE_BATCH as u64 {
             return Ok(total);
