@@ -245,3 +245,25 @@ async fn maintenance_on_connections_that_stopped_answering_goes_on() {
     // The stop's own calls give up stalled connections too.
     node.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listen_connection_that_stopped_answering_is_replaced() {
+    let schema = support::schema("stalled_listen");
+    let base = support::url();
+    let proxy = Stalling::start(&base).await;
+    // Polls an hour apart: only a notification wakes the node's picker.
+    let node = noop_node(&proxy.url, &schema)
+        .poll_interval(Duration::from_secs(3600))
+        .start()
+        .await
+        .unwrap();
+    insert_and_wait(&base, &schema, 0, 20).await;
+
+    // The node's LISTEN connection stops answering, with every other: the
+    // next rows' notifications are lost with it. Its probe goes unanswered
+    // for a lease (2 s here), the node listens again on a new connection
+    // and wakes its picker.
+    proxy.stall();
+    insert_and_wait(&base, &schema, 20, 20).await;
+    node.shutdown().await.unwrap();
+}

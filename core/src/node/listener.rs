@@ -2,11 +2,17 @@
 
 use super::{Backoff, Shared};
 use sqlx::postgres::PgListener;
+use sqlx::Executor;
 use std::sync::Arc;
 
 /// LISTEN for wake-ups; after any reconnect every picker is woken, since
-/// notifications sent meanwhile are lost.
+/// notifications sent meanwhile are lost. A connection quiet for a heartbeat
+/// interval is asked a `SELECT 1`: one that stopped answering without
+/// closing (a failover, a dropped NAT mapping; the driver sets no TCP
+/// keepalive) would otherwise leave the node to its poll interval for good.
+/// It is given up after a lease without an answer.
 pub(super) async fn listen(sh: Arc<Shared>) {
+    let cfg = &sh.ctx.cfg;
     let mut retry = Backoff::new();
     loop {
         let connected = async {
@@ -34,6 +40,15 @@ pub(super) async fn listen(sh: Arc<Shared>) {
         loop {
             let received = tokio::select! {
                 r = listener.try_recv() => r,
+                _ = tokio::time::sleep(cfg.heartbeat_interval) => {
+                    let probe = (&mut listener).execute("SELECT 1");
+                    match tokio::time::timeout(cfg.lease, probe).await {
+                        Ok(Ok(_)) => continue,
+                        Ok(Err(e)) => tracing::debug!(error = %e, "LISTEN connection lost; reconnecting"),
+                        Err(_) => tracing::warn!("LISTEN connection stopped answering; reconnecting"),
+                    }
+                    break;
+                }
                 _ = sh.shutdown.cancelled() => return,
             };
             match received {
