@@ -5,7 +5,7 @@
 use crate::faults::{self, Counts, Fault, Fleet};
 use crate::load::{self, Load};
 use crate::observer::{self, FinalRow, GateRow, Inputs, Report};
-use crate::proxy::Proxy;
+use crate::proxy::{End, Proxy};
 use crate::record::{now, Record, Recorder};
 use crate::settings::{self, LEASE, SCHEMA};
 use anyhow::{bail, Context};
@@ -23,6 +23,8 @@ use tokio::task::JoinHandle;
 const COMMIT_CUT: f64 = 0.01;
 /// Mean time between cuts anywhere.
 const MID_CUT_MEAN: Duration = Duration::from_millis(1000);
+/// Mean time between stalled connections.
+const STALL_MEAN: Duration = Duration::from_millis(3000);
 /// How often progress is shown.
 const PROGRESS: Duration = Duration::from_secs(5);
 /// How often the controller looks for nodes that exited on their own.
@@ -79,10 +81,10 @@ impl Shared {
             Some(u) => (inserted as i64 - u).max(0).to_string(),
             None => "?".into(),
         };
-        let (mid, commit) = self.proxy.cuts();
+        let (mid, commit, stalls) = self.proxy.cuts();
         let c = &self.counts;
         println!(
-            "[{:>6.1}s] {phase}: final {fin}/{} (inserted {inserted}); kills {}, stops {}, terms {}, node exits {}, postgres crashes {}, cuts {mid} anywhere + {commit} after commit",
+            "[{:>6.1}s] {phase}: final {fin}/{} (inserted {inserted}); kills {}, stops {}, terms {}, node exits {}, postgres crashes {}, cuts {mid} anywhere + {commit} after commit, stalls {stalls}",
             self.started.elapsed().as_secs_f64(),
             self.total,
             c.kills.load(Relaxed),
@@ -149,6 +151,7 @@ async fn run_in(opts: &Options, total: usize, dir: &std::path::Path) -> anyhow::
     let proxy_seed: u64 = rng.gen();
     let cut_rng = StdRng::seed_from_u64(rng.gen());
     let mut signal_rng = StdRng::seed_from_u64(rng.gen());
+    let stall_rng = StdRng::seed_from_u64(rng.gen());
     std::fs::write(
         dir.join("faults.txt"),
         schedule
@@ -226,11 +229,18 @@ async fn run_in(opts: &Options, total: usize, dir: &std::path::Path) -> anyhow::
             }
         })
     });
-    // Cuts anywhere.
-    tasks.0.push(tokio::spawn(faults::cut_loop(
+    // Cuts anywhere, and stalls.
+    tasks.0.push(tokio::spawn(faults::end_loop(
         proxy.clone(),
         cut_rng,
         MID_CUT_MEAN,
+        End::Cut,
+    )));
+    tasks.0.push(tokio::spawn(faults::end_loop(
+        proxy.clone(),
+        stall_rng,
+        STALL_MEAN,
+        End::Stall,
     )));
     // The fault schedule.
     let injector = {
@@ -564,7 +574,7 @@ fn print_report(
         .iter()
         .map(|(cause, n)| format!("{n} {cause}"))
         .collect();
-    let (mid, commit) = proxy.cuts();
+    let (mid, commit, stalls) = proxy.cuts();
     let apart_max = r.apart.iter().copied().fold(0.0, f64::max);
     println!("== summary (seed {})", opts.seed);
     println!(
@@ -581,7 +591,7 @@ fn print_report(
         }
     );
     println!(
-        "faults        sigkill {} ({} restarted under the same id), sigstop {} (past the lease), sigterm {}, planned node crashes {}, postgres crashes {} ({} down past the lease, longest {:.1} s), proxy cuts {mid} anywhere + {commit} after commit",
+        "faults        sigkill {} ({} restarted under the same id), sigstop {} (past the lease), sigterm {}, planned node crashes {}, postgres crashes {} ({} down past the lease, longest {:.1} s), proxy cuts {mid} anywhere + {commit} after commit, {stalls} stalled connections",
         counts.kills.load(Relaxed),
         counts.same_id.load(Relaxed),
         counts.stops.load(Relaxed),

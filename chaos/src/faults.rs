@@ -4,7 +4,7 @@
 //! schedule is drawn from the seed; every fault is recorded on the shared
 //! clock in the controller's log.
 
-use crate::proxy::Proxy;
+use crate::proxy::{End, Proxy};
 use crate::record::{now, Record, Recorder};
 use crate::settings::LEASE;
 use anyhow::Context;
@@ -489,11 +489,12 @@ pub async fn crash_postgres(
     Ok(())
 }
 
-/// Cut a random connection every so often (exponential gaps of mean `mean`).
-pub async fn cut_loop(proxy: Arc<Proxy>, mut rng: StdRng, mean: Duration) {
+/// End a random connection as `end` says every so often (exponential gaps
+/// of mean `mean`).
+pub async fn end_loop(proxy: Arc<Proxy>, mut rng: StdRng, mean: Duration, end: End) {
     loop {
         let u: f64 = rng.gen_range(1e-6..1.0);
         tokio::time::sleep(mean.mul_f64(-u.ln()).min(mean * 5)).await;
-        proxy.cut_one(&mut rng);
+        proxy.end_one(&mut rng, end);
     }
 }

@@ -1,11 +1,15 @@
 //! The TCP proxy every node connects through. It forwards bytes both ways
-//! and cuts connections: anywhere (`cut_one`, called at random times), and
+//! and cuts connections: anywhere (`end_one`, called at random times), and
 //! after a commit, before the reply: the server's messages are framed (a
 //! type byte and a big-endian length counting itself), each response is
 //! held back until its ReadyForQuery, and with some probability a response
 //! that completed a command without error and left no transaction open
 //! (status `I`: the implicit transaction committed at Sync) is dropped and
 //! both sides are closed. The server committed; the client never hears it.
+//! A connection can also be *stalled* (`end_one` with [`End::Stall`]): the
+//! server's side is closed, the client's is kept open and silent, as after a
+//! failover or a dropped NAT mapping that closed nothing on the client's
+//! host. Only the client giving up the call ends it.
 //!
 //! The startup phase passes untouched: the client's first messages have no
 //! type byte (an SSL or GSS request is answered by one unframed byte), and
@@ -47,11 +51,22 @@ struct Shared {
     next: AtomicU64,
     mid: AtomicU64,
     commit: AtomicU64,
+    stalls: AtomicU64,
 }
 
 struct Live {
     node: String,
-    cut: oneshot::Sender<()>,
+    end: oneshot::Sender<End>,
+}
+
+/// How `end_one` ends a connection.
+#[derive(Debug, Clone, Copy)]
+pub enum End {
+    /// Closed on both sides, wherever its exchange is.
+    Cut,
+    /// Closed on the server's side only; the client's side stays open and
+    /// never hears anything again.
+    Stall,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -78,6 +93,7 @@ impl Proxy {
             next: AtomicU64::new(0),
             mid: AtomicU64::new(0),
             commit: AtomicU64::new(0),
+            stalls: AtomicU64::new(0),
         });
         let accept = tokio::spawn(accept_loop(listener, shared.clone()));
         Ok(Proxy {
@@ -95,14 +111,14 @@ impl Proxy {
         )
     }
 
-    /// Start or stop cutting (both kinds).
+    /// Start or stop cutting and stalling.
     pub fn set_cutting(&self, on: bool) {
         self.shared.cutting.store(on, Relaxed);
     }
 
-    /// Cut one live connection, chosen at random, wherever it is. Returns
+    /// End one live connection, chosen at random, wherever it is. Returns
     /// the node it belonged to.
-    pub fn cut_one(&self, rng: &mut StdRng) -> Option<String> {
+    pub fn end_one(&self, rng: &mut StdRng, end: End) -> Option<String> {
         if !self.shared.cutting.load(Relaxed) {
             return None;
         }
@@ -113,21 +129,26 @@ impl Proxy {
             let id = *ids.get(rng.gen_range(0..ids.len().max(1)))?;
             conns.remove(&id)?
         };
-        live.cut.send(()).ok()?;
-        self.shared.mid.fetch_add(1, Relaxed);
+        live.end.send(end).ok()?;
+        let (count, kind) = match end {
+            End::Cut => (&self.shared.mid, "mid"),
+            End::Stall => (&self.shared.stalls, "stall"),
+        };
+        count.fetch_add(1, Relaxed);
         self.shared.rec.write(&Record::Cut {
             t: now(),
-            kind: "mid".into(),
+            kind: kind.into(),
             node: live.node.clone(),
         });
         Some(live.node)
     }
 
-    /// Cuts so far: (anywhere, after a commit).
-    pub fn cuts(&self) -> (u64, u64) {
+    /// Cuts so far: (anywhere, after a commit, stalls).
+    pub fn cuts(&self) -> (u64, u64, u64) {
         (
             self.shared.mid.load(Relaxed),
             self.shared.commit.load(Relaxed),
+            self.shared.stalls.load(Relaxed),
         )
     }
 }
@@ -158,6 +179,7 @@ enum Pumped {
     Closed,
     Cut,
     CommitCut,
+    Stalled,
 }
 
 async fn serve(sh: Arc<Shared>, mut client: TcpStream, no: u64) {
@@ -181,19 +203,29 @@ async fn serve(sh: Arc<Shared>, mut client: TcpStream, no: u64) {
         no,
         Live {
             node: node.clone(),
-            cut: tx,
+            end: tx,
         },
     );
     let rng = StdRng::seed_from_u64(sh.seed ^ no.wrapping_mul(0x9E37_79B9_7F4A_7C15));
     let pumped = pump(&sh, &mut client, &mut server, rx, rng).await;
     lock(&sh.conns).remove(&no);
-    if let Pumped::CommitCut = pumped {
-        sh.commit.fetch_add(1, Relaxed);
-        sh.rec.write(&Record::Cut {
-            t: now(),
-            kind: "commit".into(),
-            node,
-        });
+    match pumped {
+        Pumped::CommitCut => {
+            sh.commit.fetch_add(1, Relaxed);
+            sh.rec.write(&Record::Cut {
+                t: now(),
+                kind: "commit".into(),
+                node,
+            });
+        }
+        Pumped::Stalled => {
+            // The server's side goes (its backend ends, rolling back what
+            // was open); the client's stays open, read and never answered,
+            // until the client closes it.
+            drop(server);
+            let _ = tokio::io::copy(&mut client, &mut tokio::io::sink()).await;
+        }
+        Pumped::Closed | Pumped::Cut => {}
     }
     // Dropping both streams closes both sides.
 }
@@ -248,7 +280,7 @@ async fn pump(
     sh: &Shared,
     client: &mut TcpStream,
     server: &mut TcpStream,
-    cut: oneshot::Receiver<()>,
+    end: oneshot::Receiver<End>,
     rng: StdRng,
 ) -> Pumped {
     let (mut cr, mut cw) = client.split();
@@ -256,7 +288,10 @@ async fn pump(
     tokio::select! {
         _ = tokio::io::copy(&mut cr, &mut sw) => Pumped::Closed,
         p = responses(sh, &mut sr, &mut cw, rng) => p,
-        Ok(()) = cut => Pumped::Cut,
+        Ok(e) = end => match e {
+            End::Cut => Pumped::Cut,
+            End::Stall => Pumped::Stalled,
+        },
     }
 }
 
