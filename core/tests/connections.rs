@@ -5,7 +5,7 @@
 //! the node's stop give up calls that go unanswered too.
 mod support;
 
-use gendurable::{EngineBuilder, NewInstance, Transition};
+use gendurable::{CronEntry, EngineBuilder, NewInstance, Transition};
 use serde_json::json;
 use sqlx::ConnectOptions;
 use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
@@ -265,5 +265,42 @@ async fn a_listen_connection_that_stopped_answering_is_replaced() {
     // and wakes its picker.
     proxy.stall();
     insert_and_wait(&base, &schema, 20, 20).await;
+    node.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn periodic_workflows_go_on_after_their_connection_stopped_answering() {
+    let schema = support::schema("stalled_cron");
+    let base = support::url();
+    let proxy = Stalling::start(&base).await;
+    let node = noop_node(&proxy.url, &schema)
+        .cron(CronEntry::new("* * * * * *", NewInstance::new("Noop", json!({}))).name("s"))
+        .start()
+        .await
+        .unwrap();
+    let observer = sqlx::PgPool::connect(&base).await.unwrap();
+    let ticks = || async {
+        let n: i64 = sqlx::query_scalar(&format!(
+            "SELECT count(*) FROM \"{schema}\".instances WHERE workflow = 'Noop'"
+        ))
+        .fetch_one(&observer)
+        .await
+        .unwrap();
+        n
+    };
+    support::eventually("a first tick", Duration::from_secs(60), || async {
+        ticks().await >= 1
+    })
+    .await;
+
+    // The connections open now stop answering: a round of the schedule on
+    // one of them is given up after a lease (2 s here) and the next ones
+    // insert their ticks on new connections.
+    proxy.stall();
+    let before = ticks().await;
+    support::eventually("three ticks more", Duration::from_secs(60), || async {
+        ticks().await >= before + 3
+    })
+    .await;
     node.shutdown().await.unwrap();
 }

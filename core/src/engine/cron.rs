@@ -53,7 +53,13 @@ async fn run(ctx: Arc<Context>, entries: Vec<(CronEntry, Schedule)>, stop: Cance
     loop {
         let mut wait = MAX_WAIT;
         for (entry, schedule) in &entries {
-            match fire(&ctx, entry, schedule).await {
+            // Each round on a connection of its own, given up after a lease
+            // unanswered: its transaction rolls back with the connection.
+            let round = ctx
+                .pass()
+                .call(async |c| fire(&ctx, c, entry, schedule).await)
+                .await;
+            match round {
                 Ok((now, Some(next))) => {
                     wait = wait.min((next - now).to_std().unwrap_or_default());
                 }
@@ -75,12 +81,13 @@ async fn run(ctx: Arc<Context>, entries: Vec<(CronEntry, Schedule)>, stop: Cance
 /// return that clock and the next tick.
 async fn fire(
     ctx: &Context,
+    conn: &mut sqlx::PgConnection,
     entry: &CronEntry,
     schedule: &Schedule,
 ) -> Result<(DateTime<Utc>, Option<DateTime<Utc>>)> {
     let name = entry.entry_name();
     let sql = &ctx.store.sql;
-    let mut tx = ctx.store.pool.begin().await?;
+    let mut tx = sqlx::Connection::begin(conn).await?;
     let mut row = lock(ctx, &mut tx, name).await?;
     if row.is_none() {
         // Seen for the first time (once per entry, not per round).

@@ -117,7 +117,9 @@ impl Node {
         let cfg = &ctx.cfg;
         let live = Liveness::new(cfg.lease.saturating_sub(cfg.heartbeat_interval));
         let sent = Instant::now();
-        heartbeat::beat(&ctx, &ctx.store.pool).await?;
+        ctx.pass()
+            .call(async |c| heartbeat::beat(&ctx, c).await)
+            .await?;
         live.renewed(sent);
         let (tx, rx) = mpsc::unbounded_channel();
         let shared = Arc::new(Shared {
