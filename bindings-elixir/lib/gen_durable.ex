@@ -77,7 +77,9 @@ defmodule GenDurable do
     * `:inline` — `true` in unit tests: every insert runs the queues it
       inserted into to the end before it returns. See `GenDurable.Testing`.
     * `:poll_interval`, `:heartbeat_interval`, `:lease`, `:shutdown_timeout`,
-      `:gc_interval`, `:connect_timeout` — milliseconds; `:backoff` —
+      `:gc_interval`, `:connect_timeout`, `:call_timeout` (how long a call
+      waits for the database's answer to one statement, default 60 s) —
+      milliseconds; `:backoff` —
       `[base: ms, max: ms]` for retries; `:retention` — how long finished
       instances are kept (ms or `:infinity`); `:node_id`; `:pool_size` —
       database connections; `:prefetch` — the most rows a queue claims

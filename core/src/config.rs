@@ -105,6 +105,8 @@ pub struct EngineConfig {
     pub(crate) poll_interval: Duration,
     pub(crate) gc_interval: Duration,
     pub(crate) shutdown_timeout: Duration,
+    /// How long an application call may go unanswered before it is given up.
+    pub(crate) call_timeout: Duration,
     pub(crate) retention: Option<Duration>,
     pub(crate) backoff_base: Duration,
     pub(crate) backoff_max: Duration,
@@ -136,6 +138,7 @@ impl Default for EngineConfig {
             poll_interval: Duration::from_secs(1),
             gc_interval: Duration::from_secs(10),
             shutdown_timeout: Duration::from_secs(15),
+            call_timeout: Duration::from_secs(60),
             retention: Some(Duration::from_secs(7 * 24 * 3600)),
             backoff_base: Duration::from_secs(1),
             backoff_max: Duration::from_secs(3600),
@@ -242,6 +245,7 @@ impl EngineConfig {
             ("poll_interval", self.poll_interval),
             ("gc_interval", self.gc_interval),
             ("backoff_base", self.backoff_base),
+            ("call_timeout", self.call_timeout),
         ] {
             if d.is_zero() {
                 return Err(Error::config(format!("{what} must be longer than zero")));

@@ -2,7 +2,7 @@
 
 use crate::config::EngineConfig;
 use crate::stats::Stats;
-use crate::store::{Limits, Pass, Store};
+use crate::store::{Limited, Limits, Pass, Store};
 use crate::workflow::Workflow;
 use std::collections::HashMap;
 use std::sync::atomic::AtomicBool;
@@ -37,6 +37,21 @@ impl Context {
             stats: Stats::default(),
             others_alive: AtomicBool::new(true),
         }
+    }
+
+    /// The engine's pool for the application's calls, each statement given
+    /// up after `call_timeout` unanswered (see [`Limited`]).
+    pub fn db(&self) -> Limited<'_> {
+        Limited {
+            pool: &self.store.pool,
+            limit: self.cfg.call_timeout,
+        }
+    }
+
+    /// A pass of the application's calls on one connection, each given up
+    /// after `call_timeout` unanswered (for transactions).
+    pub fn calls(&self) -> Pass<'_> {
+        Pass::new(&self.store.pool, self.cfg.call_timeout)
     }
 
     /// A pass of background calls on the engine's pool, each given up after

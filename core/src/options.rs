@@ -100,6 +100,9 @@ pub struct EngineOptions {
     /// Milliseconds; see [`EngineBuilder::connect_timeout`].
     #[serde(deserialize_with = "de::opt_millis")]
     pub connect_timeout: Option<u64>,
+    /// Milliseconds; see [`EngineBuilder::call_timeout`].
+    #[serde(deserialize_with = "de::opt_millis")]
+    pub call_timeout: Option<u64>,
     /// Retry backoff; see [`EngineBuilder::backoff`].
     #[serde(deserialize_with = "de::opt_struct")]
     pub backoff: Option<BackoffOptions>,
@@ -327,6 +330,9 @@ impl EngineOptions {
         }
         if let Some(d) = self.connect_timeout {
             b = b.connect_timeout(ms(d));
+        }
+        if let Some(d) = self.call_timeout {
+            b = b.call_timeout(ms(d));
         }
         if let Some(bo) = &self.backoff {
             b = b.backoff(ms(bo.base), ms(bo.max));
@@ -1501,6 +1507,7 @@ mod tests {
             "shutdown_timeout": 0,
             "gc_interval": 2000,
             "connect_timeout": 3000,
+            "call_timeout": 45000,
             "backoff": {"base": 100, "max": 60000},
             "retention": "infinity",
             "pool_size": 12,

@@ -304,3 +304,76 @@ async fn periodic_workflows_go_on_after_their_connection_stopped_answering() {
     .await;
     node.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn application_calls_on_connections_that_stopped_answering_fail_in_time() {
+    let schema = support::schema("stalled_calls");
+    let base = support::url();
+    let proxy = Stalling::start(&base).await;
+    let client = support::builder(&proxy.url, &schema)
+        .call_timeout(Duration::from_secs(1))
+        .build()
+        .await
+        .unwrap();
+    let id = client
+        .insert(NewInstance::new("Noop", json!({})))
+        .await
+        .unwrap();
+
+    // The client's pooled connection stops answering: the next call on it
+    // fails after the call timeout, as a lost connection, and the one after
+    // it runs on a new connection.
+    proxy.stall();
+    let calls = async {
+        let lost = client.get(id).await.unwrap_err();
+        (lost, client.get(id).await)
+    };
+    let (lost, next) = tokio::time::timeout(Duration::from_secs(60), calls)
+        .await
+        .expect("a call on a connection that stopped answering was never given up");
+    assert!(lost.is_transient(), "{lost}");
+    assert!(lost.to_string().contains("did not answer"), "{lost}");
+    assert_eq!(next.unwrap().id, id);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_insert_given_up_that_committed_later_runs_the_rows_it_claimed_here() {
+    let schema = support::schema("late_insert");
+    let base = support::url();
+    let node = noop_node(&base, &schema)
+        .call_timeout(Duration::from_secs(1))
+        .start()
+        .await
+        .unwrap();
+    // Rows inserted by another engine: once they are done, the node is idle
+    // and an insert of its own claims what it inserts, to start it here.
+    insert_and_wait(&base, &schema, 0, 20).await;
+
+    // A transaction holds, uncommitted, a row with the id the node's insert
+    // draws next: the insert waits for it past its call timeout and is given
+    // up, its connection closed. Once that transaction rolls back, the
+    // insert's statement goes on and commits, its row claimed by this node,
+    // which never hears of it. The node must find that claim and run it.
+    let observer = sqlx::PgPool::connect(&base).await.unwrap();
+    let mut blocker = observer.begin().await.unwrap();
+    sqlx::query(&format!(
+        "INSERT INTO \"{schema}\".instances (id, workflow, step, state, status, queue)
+         VALUES (nextval('\"{schema}\".instances_id_seq') + 1, 'Noop', 'start', '{{}}',
+                 'scheduled', 'elsewhere')"
+    ))
+    .execute(&mut *blocker)
+    .await
+    .unwrap();
+    let lost = node
+        .insert(NewInstance::new("Noop", json!({ "i": 20 })))
+        .await
+        .unwrap_err();
+    assert!(lost.is_transient(), "{lost}");
+    blocker.rollback().await.unwrap();
+    support::eventually("the inserted row done", Duration::from_secs(60), || {
+        let (observer, schema) = (&observer, &schema);
+        async move { support::count(observer, schema, "completed").await == 21 }
+    })
+    .await;
+    node.shutdown().await.unwrap();
+}

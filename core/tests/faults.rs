@@ -307,3 +307,60 @@ async fn rows_an_earlier_process_held_are_taken_back_at_start() {
     }
     engine.shutdown().await.unwrap();
 }
+
+/// A claim the database holds for a live node that the node never heard of
+/// (a call given up whose statement committed later, after the check its
+/// failure asked for) goes back within a lease, with no failure to prompt it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_a_live_node_never_heard_of_go_back_within_a_lease() {
+    let url = support::url();
+    let schema = support::schema("unheard");
+    let engine = support::builder(&url, &schema)
+        .node_id("unheard")
+        .queue("default", 4)
+        .workflow_fn("Job", |_step, state, _ctx| async move {
+            Ok(Transition::done(state))
+        })
+        .start()
+        .await
+        .unwrap();
+    // In a queue no node serves: nothing claims them but the test.
+    let ids = engine
+        .insert_many(vec![
+            NewInstance::new("Job", json!({})).queue("other"),
+            NewInstance::new("Job", json!({})).queue("other"),
+        ])
+        .await
+        .unwrap();
+    let plant = |id: i64| {
+        let (pool, schema) = (engine.pool().clone(), schema.clone());
+        async move {
+            sqlx::query(&format!(
+                "UPDATE \"{schema}\".instances SET node = 'unheard', token = token + 1,
+                     status = 'executing', attempt = 1 WHERE id = $1"
+            ))
+            .bind(id)
+            .execute(&pool)
+            .await
+            .unwrap();
+        }
+    };
+    let given_back = |id: i64| {
+        let engine = &engine;
+        async move {
+            support::eventually("the claim given back", Duration::from_secs(60), || async {
+                engine.get(id).await.unwrap().status == Status::Available
+            })
+            .await;
+        }
+    };
+    // The second is planted after a check found the first: only a check of
+    // its own, not the one every node makes as it starts, finds it.
+    plant(ids[0]).await;
+    given_back(ids[0]).await;
+    plant(ids[1]).await;
+    given_back(ids[1]).await;
+    let i = engine.get(ids[1]).await.unwrap();
+    assert_eq!(i.attempt, 0, "never started here, so not an attempt: {i:?}");
+    engine.shutdown().await.unwrap();
+}

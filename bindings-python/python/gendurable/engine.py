@@ -574,7 +574,11 @@ class Engine:
     ``connect_timeout`` (default 10 s) bounds how long a call waits for a
     database connection; a database that cannot be reached raises
     :class:`gendurable.CannotConnect` naming the cause (a refused connection,
-    an unknown host, a refused password) at once.
+    an unknown host, a refused password) at once. ``call_timeout`` (default
+    60 s) bounds how long a call waits for the database's answer to one
+    statement: a connection whose server went away without closing it would
+    otherwise keep it waiting forever (a transient
+    :class:`gendurable.DatabaseError` then; the statement may have committed).
 
     A bad configuration raises :class:`gendurable.InvalidConfig` here (a url
     that does not parse: at the first call); nothing connects to the database
@@ -619,6 +623,7 @@ class Engine:
         backoff: Optional[tuple[float, float]] = None,
         max_connections: Optional[int] = None,
         connect_timeout: Union[float, _dt.timedelta, None] = None,
+        call_timeout: Union[float, _dt.timedelta, None] = None,
         cron: Iterable[Cron] = (),
         inline: bool = False,
         metrics_listen: Optional[str] = None,
@@ -644,6 +649,7 @@ class Engine:
             "shutdown_timeout": _millis(shutdown_timeout),
             "gc_interval": _millis(gc_interval),
             "connect_timeout": _millis(connect_timeout),
+            "call_timeout": _millis(call_timeout),
             "backoff": _backoff(backoff),
             "pool_size": max_connections,
             "cron": _cron(cron),

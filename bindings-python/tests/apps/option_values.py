@@ -371,6 +371,7 @@ ENGINE: dict[str, tuple[str, Callable[[random.Random], Any]]] = {
     "shutdown_timeout": ("shutdown_timeout", a_duration),
     "gc_interval": ("gc_interval", a_duration),
     "connect_timeout": ("connect_timeout", a_duration),
+    "call_timeout": ("call_timeout", a_duration),
     "retention": ("retention", lambda r: r.choice([None, a_duration(r)])),
     "backoff": ("backoff", lambda r: r.choice([(a_duration(r), a_duration(r)), 5, (1,)])),
     "max_connections": ("pool_size", lambda r: an_int(r, 1, 2**32 - 1)),

@@ -164,7 +164,7 @@ impl Engine {
         filter.check()?;
         let n: i64 = filter
             .bind(sqlx::query(&self.ctx.store.sql.count), None, None)
-            .fetch_one(&self.ctx.store.pool)
+            .fetch_one(self.ctx.db())
             .await?
             .try_get(0)?;
         Ok(n as u64)
@@ -221,7 +221,7 @@ impl Engine {
                     after,
                     Some(BATCH),
                 )
-                .fetch_all(&self.ctx.store.pool)
+                .fetch_all(self.ctx.db())
                 .await?
                 .iter()
                 .map(|r| r.try_get::<i64, _>(0))
@@ -252,7 +252,7 @@ impl Engine {
         validate::name("queue", queue)?;
         Ok(sqlx::query_scalar(&self.ctx.store.sql.pause)
             .bind(queue)
-            .fetch_one(&self.ctx.store.pool)
+            .fetch_one(self.ctx.db())
             .await?)
     }
 
@@ -262,7 +262,7 @@ impl Engine {
         let row = sqlx::query(&self.ctx.store.sql.resume)
             .bind(queue)
             .bind(&self.ctx.store.sql.channel)
-            .fetch_one(&self.ctx.store.pool)
+            .fetch_one(self.ctx.db())
             .await?;
         Ok(row.try_get(0)?)
     }
@@ -270,7 +270,7 @@ impl Engine {
     /// The paused queues, and since when.
     pub async fn paused_queues(&self) -> Result<Vec<(String, DateTime<Utc>)>> {
         Ok(sqlx::query_as(&self.ctx.store.sql.paused)
-            .fetch_all(&self.ctx.store.pool)
+            .fetch_all(self.ctx.db())
             .await?)
     }
 
@@ -338,7 +338,7 @@ impl Engine {
                 .bind(&sql.channel),
             Action::Delete => filter.bind(sqlx::query(&sql.delete), after, Some(BATCH)),
         };
-        Ok(q.fetch_all(&self.ctx.store.pool).await?)
+        Ok(q.fetch_all(self.ctx.db()).await?)
     }
 }
 

@@ -97,6 +97,20 @@ impl EngineBuilder {
         self
     }
 
+    /// How long a call the application makes (an insert, a read, a signal,
+    /// an operator's action, the dashboard's) may wait for the database's
+    /// answer to one statement before it fails with a timeout, a transient
+    /// database error (default 60 s). Its connection is closed: one whose
+    /// server went away without closing it (a failover, a dropped NAT
+    /// mapping) would otherwise keep the call waiting forever. The statement
+    /// may have committed, as after any lost connection. A single insert of
+    /// millions of rows may need more. The node's own calls give up after a
+    /// lease; migrations and inserts on the caller's connection have no limit.
+    pub fn call_timeout(mut self, d: Duration) -> Self {
+        self.cfg.call_timeout = d;
+        self
+    }
+
     /// The schema holding the engine's tables (default `gendurable`).
     pub fn schema(mut self, schema: impl Into<String>) -> Self {
         self.cfg.schema = schema.into();

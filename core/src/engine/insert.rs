@@ -11,7 +11,7 @@ use crate::unique::Inserted;
 use crate::validate;
 use chrono::{DateTime, Utc};
 use serde_json::Value;
-use sqlx::{PgConnection, PgPool, Row};
+use sqlx::{PgConnection, Row};
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fmt::Write;
 use std::sync::Arc;
@@ -283,19 +283,15 @@ async fn insert(
         }
         Ok((inserted, unseen, claimed))
     });
-    let (inserted, unseen, claimed) = match (read, here) {
-        (Ok(r), _) => r,
-        (Err(e), Some(sh)) if claiming.is_some() => {
-            // It may have committed: the node looks for claims it never got.
-            local::claim_failed(sh);
-            return Err(e);
-        }
-        (Err(e), _) => return Err(e),
-    };
+    // On an error (or this future dropped before here) `claiming` goes
+    // undone: the node looks for claims it never got.
+    let (inserted, unseen, claimed) = read?;
     if let Some(sh) = here.filter(|_| !claimed.is_empty()) {
         local::start_inserted(sh, claimed, slots);
     }
-    drop(claiming);
+    if let Some(c) = claiming {
+        c.done();
+    }
     Ok((inserted, unseen))
 }
 
@@ -324,8 +320,8 @@ const COPY_PIECE: usize = 1024 * 1024;
 /// Insert rows due now with `COPY`, in one transaction: ids drawn from the
 /// table's sequence first (so they come back in order), the rows copied with
 /// them, the queues woken on commit.
-pub(crate) async fn copy(ctx: &Context, pool: &PgPool, rows: Rows) -> Result<Vec<i64>> {
-    let mut tx = pool.begin().await?;
+pub(crate) async fn copy(ctx: &Context, conn: &mut PgConnection, rows: Rows) -> Result<Vec<i64>> {
+    let mut tx = sqlx::Connection::begin(conn).await?;
     let ids: Vec<i64> = sqlx::query_scalar(&ctx.store.sql.next_ids)
         .bind(rows.len() as i64)
         .fetch_all(&mut *tx)

@@ -30,7 +30,7 @@ impl Engine {
     /// per gate name) and the bulkheads given to
     /// [`EngineBuilder::bulkhead`](crate::EngineBuilder::bulkhead) (per name).
     pub async fn metrics(&self) -> Result<String> {
-        let (sql, pool) = (&self.ctx.store.sql, &self.ctx.store.pool);
+        let (sql, pool) = (&self.ctx.store.sql, self.ctx.db());
         let instances = sqlx::query(&sql.active_counts).fetch_all(pool).await?;
         let gates = sqlx::query(&sql.metrics_gates).fetch_all(pool).await?;
         let node = escape(&self.ctx.cfg.node_id);

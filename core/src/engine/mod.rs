@@ -190,9 +190,14 @@ impl Engine {
         self.insert_rows(rows).await
     }
 
+    /// On one connection, given up after `call_timeout` unanswered.
     async fn insert_rows(&self, rows: insert::Rows) -> Result<Vec<Inserted>> {
+        let ctx = &*self.ctx;
         if rows.wants_copy() {
-            let ids = insert::copy(&self.ctx, &self.ctx.store.pool, rows).await?;
+            let ids = ctx
+                .calls()
+                .call(async |c| insert::copy(ctx, c, rows).await)
+                .await?;
             return Ok(ids
                 .into_iter()
                 .map(|id| Inserted {
@@ -204,18 +209,24 @@ impl Engine {
         if rows.any_unique() {
             // A transaction: the lookups and retries after the statement
             // must not leave its rows behind if they fail.
-            let mut tx = self.ctx.store.pool.begin().await?;
-            let inserted = insert::insert_unique(&self.ctx, &mut tx, rows, None).await?;
-            tx.commit().await?;
-            return Ok(inserted);
+            return ctx
+                .calls()
+                .call(async |c| {
+                    let mut tx = sqlx::Connection::begin(c).await?;
+                    let inserted = insert::insert_unique(ctx, &mut tx, rows, None).await?;
+                    tx.commit().await?;
+                    Ok(inserted)
+                })
+                .await;
         }
         let here = self
             .here
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .upgrade();
-        let mut conn = self.ctx.store.pool.acquire().await?;
-        insert::insert_unique(&self.ctx, &mut conn, rows, here.as_ref()).await
+        ctx.calls()
+            .call(async |c| insert::insert_unique(ctx, c, rows, here.as_ref()).await)
+            .await
     }
 
     /// Insert inside the caller's own transaction or connection:
@@ -247,7 +258,7 @@ impl Engine {
     pub async fn get(&self, id: i64) -> Result<Instance> {
         let row = sqlx::query(&self.ctx.store.sql.get)
             .bind(id)
-            .fetch_optional(&self.ctx.store.pool)
+            .fetch_optional(self.ctx.db())
             .await?;
         match row {
             Some(row) => instance_from_row(&row),
@@ -280,7 +291,7 @@ impl Engine {
             .bind(payload)
             .bind(ttl.map(|t| t.as_secs_f64()))
             .bind(&self.ctx.store.sql.channel)
-            .fetch_one(&self.ctx.store.pool)
+            .fetch_one(self.ctx.db())
             .await?;
         Ok(row.try_get::<i32, _>("woken")? as u64)
     }
@@ -298,7 +309,7 @@ impl Engine {
             .bind(payload)
             .bind(id)
             .bind(&self.ctx.store.sql.channel)
-            .fetch_optional(&self.ctx.store.pool)
+            .fetch_optional(self.ctx.db())
             .await?;
         let Some(row) = row else {
             return Err(Error::NotFound(id));

@@ -29,14 +29,37 @@ pub(crate) fn local_slots(sh: &Shared, queue: &str, n: usize) -> Option<OwnedSem
 }
 
 /// Held by an insert that claims rows for this node until they are started
-/// (see `give_back_lost`).
-pub(crate) async fn claiming(sh: &Shared) -> tokio::sync::RwLockReadGuard<'_, ()> {
-    sh.claiming.read().await
+/// (see `give_back_lost`). Dropped before [`Claiming::done`] (the insert
+/// failed, or its future was dropped: a caller's timeout, a cancelled
+/// request), it may have committed, and the node looks for the claims it
+/// never got.
+pub(crate) struct Claiming<'a> {
+    sh: &'a Shared,
+    _held: tokio::sync::RwLockReadGuard<'a, ()>,
+    done: bool,
 }
 
-/// An insert that claimed rows for this node failed: it may have committed.
-pub(crate) fn claim_failed(sh: &Shared) {
-    sh.check_lost.store(true, SeqCst);
+impl Claiming<'_> {
+    /// The insert's rows are started (or it claimed none).
+    pub fn done(mut self) {
+        self.done = true;
+    }
+}
+
+impl Drop for Claiming<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.sh.check_lost.store(true, SeqCst);
+        }
+    }
+}
+
+pub(crate) async fn claiming(sh: &Shared) -> Claiming<'_> {
+    Claiming {
+        sh,
+        _held: sh.claiming.read().await,
+        done: false,
+    }
 }
 
 /// Run rows an insert claimed for this node, in the slots `local_slots` gave.

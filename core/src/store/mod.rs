@@ -15,7 +15,7 @@ pub(crate) use kept::{close_now, unanswered, IDLE_CHECK};
 pub(crate) use limits::Limits;
 pub(crate) use maintenance::Beat;
 pub(crate) use migrate::migrate;
-pub(crate) use pass::Pass;
+pub(crate) use pass::{Limited, Pass};
 
 use kept::Kept;
 use sqlx::pool::PoolConnection;

@@ -10,9 +10,16 @@
 //! committed call whose answer was lost; every such call is safe to run again.
 
 use super::kept::{close_now, unanswered};
+use futures::future::BoxFuture;
+use futures::stream::{self, BoxStream, StreamExt, TryStreamExt};
 use sqlx::pool::PoolConnection;
-use sqlx::{PgConnection, PgPool, Postgres};
+use sqlx::postgres::{PgQueryResult, PgRow, PgStatement, PgTypeInfo};
+use sqlx::{Describe, Either, Execute, Executor, PgConnection, PgPool, Postgres};
 use std::time::Duration;
+
+/// The longest limit a deadline is computed from (a configured `Duration`
+/// may be any size, and an instant that far ahead overflows).
+const FAR: Duration = Duration::from_secs(30 * 365 * 86_400);
 
 /// Calls on one connection of `pool`, taken at the first and given back when
 /// the pass ends (one check by the pool per pass, not per call).
@@ -40,7 +47,7 @@ impl<'p> Pass<'p> {
         &mut self,
         call: impl AsyncFnOnce(&mut PgConnection) -> Result<T, E>,
     ) -> Result<T, E> {
-        let deadline = tokio::time::Instant::now() + self.limit;
+        let deadline = tokio::time::Instant::now() + self.limit.min(FAR);
         let mut conn = match self.conn.take() {
             Some(conn) => conn,
             None => tokio::time::timeout_at(deadline, self.pool.acquire())
@@ -61,5 +68,83 @@ impl<'p> Pass<'p> {
                 Err(unanswered(self.limit).into())
             }
         }
+    }
+}
+
+/// A pool as an executor whose every call runs through a [`Pass`] of its own:
+/// given up after `limit` unanswered, its connection closed. Rows are read
+/// whole before they are handed on (the engine's statements return few).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Limited<'p> {
+    pub pool: &'p PgPool,
+    pub limit: Duration,
+}
+
+impl<'c> Executor<'c> for Limited<'c> {
+    type Database = Postgres;
+
+    fn fetch_many<'e, 'q: 'e, E>(
+        self,
+        query: E,
+    ) -> BoxStream<'e, Result<Either<PgQueryResult, PgRow>, sqlx::Error>>
+    where
+        'c: 'e,
+        E: 'q + Execute<'q, Postgres>,
+    {
+        let all = async move {
+            Pass::new(self.pool, self.limit)
+                .call(async move |c| c.fetch_many(query).try_collect::<Vec<_>>().await)
+                .await
+        };
+        stream::once(all)
+            .flat_map(|all| match all {
+                Ok(items) => stream::iter(items.into_iter().map(Ok)).left_stream(),
+                Err(e) => stream::once(async { Err(e) }).right_stream(),
+            })
+            .boxed()
+    }
+
+    fn fetch_optional<'e, 'q: 'e, E>(
+        self,
+        query: E,
+    ) -> BoxFuture<'e, Result<Option<PgRow>, sqlx::Error>>
+    where
+        'c: 'e,
+        E: 'q + Execute<'q, Postgres>,
+    {
+        Box::pin(async move {
+            Pass::new(self.pool, self.limit)
+                .call(async move |c| c.fetch_optional(query).await)
+                .await
+        })
+    }
+
+    fn prepare_with<'e, 'q: 'e>(
+        self,
+        sql: &'q str,
+        parameters: &'e [PgTypeInfo],
+    ) -> BoxFuture<'e, Result<PgStatement<'q>, sqlx::Error>>
+    where
+        'c: 'e,
+    {
+        Box::pin(async move {
+            Pass::new(self.pool, self.limit)
+                .call(async move |c| c.prepare_with(sql, parameters).await)
+                .await
+        })
+    }
+
+    fn describe<'e, 'q: 'e>(
+        self,
+        sql: &'q str,
+    ) -> BoxFuture<'e, Result<Describe<Postgres>, sqlx::Error>>
+    where
+        'c: 'e,
+    {
+        Box::pin(async move {
+            Pass::new(self.pool, self.limit)
+                .call(async move |c| c.describe(sql).await)
+                .await
+        })
     }
 }

@@ -83,7 +83,7 @@ impl Engine {
             0 => 50,
             n => n.min(MAX_PAGE),
         };
-        let (sql, pool) = (&self.ctx.store.sql, &self.ctx.store.pool);
+        let (sql, pool) = (&self.ctx.store.sql, self.ctx.db());
         let bounds = sqlx::query(&sql.id_bounds).fetch_one(pool).await?;
         let (Some(lowest), Some(highest)) = (
             bounds.try_get::<Option<i64>, _>(0)?,

@@ -90,7 +90,7 @@ impl Engine {
     /// steps per minute, live nodes. Reads partial indexes and small tables
     /// only.
     pub async fn overview(&self) -> Result<Overview> {
-        let (sql, pool) = (&self.ctx.store.sql, &self.ctx.store.pool);
+        let (sql, pool) = (&self.ctx.store.sql, self.ctx.db());
         let mut queues: std::collections::BTreeMap<String, QueueLoad> = Default::default();
         for r in sqlx::query(&sql.active_counts).fetch_all(pool).await? {
             let (queue, status, n): (String, String, i64) =
@@ -181,7 +181,7 @@ impl Engine {
     /// The database's clock.
     pub(crate) async fn db_now(&self) -> Result<DateTime<Utc>> {
         Ok(sqlx::query_scalar("SELECT now()")
-            .fetch_one(&self.ctx.store.pool)
+            .fetch_one(self.ctx.db())
             .await?)
     }
 }

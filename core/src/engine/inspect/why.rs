@@ -192,7 +192,7 @@ impl Engine {
             .bind(id)
             .bind(lease)
             .bind(AHEAD_CAP)
-            .fetch_optional(&self.ctx.store.pool)
+            .fetch_optional(self.ctx.db())
             .await?
             .ok_or(Error::NotFound(id))?;
         let status: String = r.try_get(0)?;

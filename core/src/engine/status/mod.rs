@@ -164,7 +164,7 @@ impl Engine {
     /// (read-only: nothing is created).
     pub async fn schema_exists(&self) -> Result<bool> {
         Ok(sqlx::query_scalar(&self.ctx.store.sql.schema_exists)
-            .fetch_one(&self.ctx.store.pool)
+            .fetch_one(self.ctx.db())
             .await?)
     }
 
@@ -179,7 +179,7 @@ impl Engine {
                  `gendurable migrate --schema {schema}` creates it"
             )));
         }
-        let (sql, pool) = (&self.ctx.store.sql, &self.ctx.store.pool);
+        let (sql, pool) = (&self.ctx.store.sql, self.ctx.db());
         let lease = self.ctx.cfg.lease.as_secs_f64();
         let counts = sqlx::query(&sql.status_counts)
             .fetch_all(pool)
@@ -233,7 +233,7 @@ impl Engine {
 impl Engine {
     /// Live nodes: heartbeating within the lease.
     pub(crate) async fn live_nodes(&self) -> Result<Vec<NodeStatus>> {
-        let (sql, pool) = (&self.ctx.store.sql, &self.ctx.store.pool);
+        let (sql, pool) = (&self.ctx.store.sql, self.ctx.db());
         sqlx::query(&sql.status_nodes)
             .bind(self.ctx.cfg.lease.as_secs_f64())
             .fetch_all(pool)
@@ -259,7 +259,7 @@ impl Engine {
     /// Every gate key with its counters.
     pub(crate) async fn gate_statuses(&self) -> Result<Vec<GateStatus>> {
         sqlx::query(&self.ctx.store.sql.status_gates)
-            .fetch_all(&self.ctx.store.pool)
+            .fetch_all(self.ctx.db())
             .await?
             .iter()
             .map(|r| {
@@ -278,7 +278,7 @@ impl Engine {
     pub(crate) async fn executing_keys(&self) -> Result<Vec<String>> {
         Ok(
             sqlx::query_scalar(&self.ctx.store.sql.status_executing_keys)
-                .fetch_all(&self.ctx.store.pool)
+                .fetch_all(self.ctx.db())
                 .await?,
         )
     }
@@ -286,7 +286,7 @@ impl Engine {
     /// Rate-limit keys and their schedules.
     pub(crate) async fn rate_statuses(&self) -> Result<Vec<RateStatus>> {
         sqlx::query(&self.ctx.store.sql.status_rates)
-            .fetch_all(&self.ctx.store.pool)
+            .fetch_all(self.ctx.db())
             .await?
             .iter()
             .map(|r| {
@@ -301,7 +301,7 @@ impl Engine {
     /// Keys with parked rows (see `sql/queries/status_parked.sql`).
     pub(crate) async fn parked(&self) -> Result<Vec<ParkedKey>> {
         sqlx::query(&self.ctx.store.sql.status_parked)
-            .fetch_all(&self.ctx.store.pool)
+            .fetch_all(self.ctx.db())
             .await?
             .iter()
             .map(|r| {

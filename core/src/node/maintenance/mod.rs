@@ -55,6 +55,7 @@ pub(super) async fn maintain(sh: Arc<Shared>) {
     let mut last_prune = Instant::now() - Duration::from_secs(3600);
     let mut prune_from = None;
     let mut last_recorded = Instant::now();
+    let mut last_lost_check = Instant::now();
     loop {
         let now = Instant::now();
         // One connection for the pass, each call given up after a lease.
@@ -94,7 +95,12 @@ pub(super) async fn maintain(sh: Arc<Shared>) {
             Ok(_) => {}
             Err(e) => tracing::debug!(error = %e, "unparking rate-limited rows failed"),
         }
-        if sh.check_lost.swap(false, SeqCst) {
+        // Also every lease: a call given up may commit after the check its
+        // failure asked for (a statement waiting for a lock outlives its
+        // connection), and nothing else finds what it claimed while this
+        // node heartbeats.
+        if sh.check_lost.swap(false, SeqCst) || now - last_lost_check >= cfg.lease {
+            last_lost_check = now;
             if let Err(e) = give_back_lost(&sh, &mut pass).await {
                 sh.check_lost.store(true, SeqCst);
                 tracing::debug!(error = %e, "checking for lost claims failed");
