@@ -81,11 +81,7 @@ async fn insert_and_wait(url: &str, schema: &str, from: i64, n: i64) {
         .await
         .unwrap();
     let observer = sqlx::PgPool::connect(url).await.unwrap();
-    support::eventually("every step done", Duration::from_secs(60), || {
-        let observer = &observer;
-        async move { support::count(observer, schema, "completed").await == from + n }
-    })
-    .await;
+    support::wait_count(&observer, schema, "completed", from + n).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -176,6 +172,13 @@ impl Drop for Stalling {
     }
 }
 
+/// A fresh schema, the test database's url and a stalling proxy to it.
+async fn stalling(prefix: &str) -> (String, String, Stalling) {
+    let base = support::url();
+    let proxy = Stalling::start(&base).await;
+    (support::schema(prefix), base, proxy)
+}
+
 /// Forward bytes until the connection's epoch has passed; then hold on to
 /// what comes, forever.
 async fn pump(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, born: u64, epoch: Arc<AtomicU64>) {
@@ -196,9 +199,7 @@ async fn pump(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, born: u64, epoch:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claim_calls_on_connections_that_stopped_answering_are_given_up() {
-    let schema = support::schema("stalled");
-    let base = support::url();
-    let proxy = Stalling::start(&base).await;
+    let (schema, base, proxy) = stalling("stalled").await;
     let node = noop_node(&proxy.url, &schema).start().await.unwrap();
     insert_and_wait(&base, &schema, 0, 100).await;
 
@@ -213,9 +214,7 @@ async fn claim_calls_on_connections_that_stopped_answering_are_given_up() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn maintenance_on_connections_that_stopped_answering_goes_on() {
-    let schema = support::schema("stalled_upkeep");
-    let base = support::url();
-    let proxy = Stalling::start(&base).await;
+    let (schema, base, proxy) = stalling("stalled_upkeep").await;
     let node = noop_node(&proxy.url, &schema).start().await.unwrap();
     insert_and_wait(&base, &schema, 0, 20).await;
 
@@ -237,20 +236,14 @@ async fn maintenance_on_connections_that_stopped_answering_goes_on() {
         .await
         .unwrap();
     let observer = sqlx::PgPool::connect(&base).await.unwrap();
-    support::eventually("the scheduled steps done", Duration::from_secs(60), || {
-        let (observer, schema) = (&observer, &schema);
-        async move { support::count(observer, schema, "completed").await == 40 }
-    })
-    .await;
+    support::wait_count(&observer, &schema, "completed", 40).await;
     // The stop's own calls give up stalled connections too.
     node.shutdown().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_listen_connection_that_stopped_answering_is_replaced() {
-    let schema = support::schema("stalled_listen");
-    let base = support::url();
-    let proxy = Stalling::start(&base).await;
+    let (schema, base, proxy) = stalling("stalled_listen").await;
     // Polls an hour apart: only a notification wakes the node's picker.
     let node = noop_node(&proxy.url, &schema)
         .poll_interval(Duration::from_secs(3600))
@@ -270,9 +263,7 @@ async fn a_listen_connection_that_stopped_answering_is_replaced() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn periodic_workflows_go_on_after_their_connection_stopped_answering() {
-    let schema = support::schema("stalled_cron");
-    let base = support::url();
-    let proxy = Stalling::start(&base).await;
+    let (schema, base, proxy) = stalling("stalled_cron").await;
     let node = noop_node(&proxy.url, &schema)
         .cron(CronEntry::new("* * * * * *", NewInstance::new("Noop", json!({}))).name("s"))
         .start()
@@ -307,9 +298,7 @@ async fn periodic_workflows_go_on_after_their_connection_stopped_answering() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn application_calls_on_connections_that_stopped_answering_fail_in_time() {
-    let schema = support::schema("stalled_calls");
-    let base = support::url();
-    let proxy = Stalling::start(&base).await;
+    let (schema, _, proxy) = stalling("stalled_calls").await;
     let client = support::builder(&proxy.url, &schema)
         .call_timeout(Duration::from_secs(1))
         .build()
@@ -370,10 +359,6 @@ async fn an_insert_given_up_that_committed_later_runs_the_rows_it_claimed_here()
         .unwrap_err();
     assert!(lost.is_transient(), "{lost}");
     blocker.rollback().await.unwrap();
-    support::eventually("the inserted row done", Duration::from_secs(60), || {
-        let (observer, schema) = (&observer, &schema);
-        async move { support::count(observer, schema, "completed").await == 21 }
-    })
-    .await;
+    support::wait_count(&observer, &schema, "completed", 21).await;
     node.shutdown().await.unwrap();
 }
