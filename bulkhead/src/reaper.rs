@@ -81,7 +81,7 @@ mod imp {
     /// Sweeps `core` once the clock reaches `at` (in ticks).
     pub(crate) fn schedule(at: u64, core: Weak<Core>) {
         let mut st = state();
-        let sooner = st.alarms.peek().map_or(true, |first| at < first.at);
+        let sooner = st.alarms.peek().is_none_or(|first| at < first.at);
         st.alarms.push(Alarm { at, core });
         if !st.running {
             start(&mut st);

@@ -254,7 +254,11 @@ impl EngineConfig {
         for (workflow, d) in &self.workflow_defaults {
             d.validate(workflow)?;
         }
-        if self.lease <= self.heartbeat_interval * 2 {
+        if self
+            .heartbeat_interval
+            .checked_mul(2)
+            .is_none_or(|twice| self.lease <= twice)
+        {
             return Err(Error::config(format!(
                 "lease ({:?}) must be more than twice the heartbeat interval ({:?}), or live nodes would be reaped",
                 self.lease, self.heartbeat_interval
@@ -325,6 +329,23 @@ pub(crate) fn hostname() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn durations_of_any_size_are_checked_without_overflow() {
+        let huge = EngineConfig {
+            heartbeat_interval: Duration::MAX,
+            lease: Duration::MAX,
+            ..EngineConfig::default()
+        };
+        assert!(huge.validate().is_err(), "no lease is twice Duration::MAX");
+        let long = EngineConfig {
+            lease: Duration::MAX,
+            shutdown_timeout: Duration::MAX,
+            call_timeout: Duration::MAX,
+            ..EngineConfig::default()
+        };
+        long.validate().unwrap();
+    }
 
     #[test]
     fn the_default_claim_ahead_stays_within_the_documented_maximum() {

@@ -71,6 +71,7 @@
 pub mod config;
 mod context;
 pub mod cron;
+mod deadline;
 mod engine;
 mod error;
 mod instance;

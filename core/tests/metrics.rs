@@ -35,7 +35,7 @@ fn value(scrape: &Scrape, name: &str, label: Option<(&str, &str)>) -> Option<f64
     scrape
         .samples
         .iter()
-        .find(|s| s.metric == name && label.map_or(true, |(k, v)| s.labels.get(k) == Some(v)))
+        .find(|s| s.metric == name && label.is_none_or(|(k, v)| s.labels.get(k) == Some(v)))
         .map(|s| match s.value {
             Value::Counter(v) | Value::Gauge(v) | Value::Untyped(v) => v,
             _ => f64::NAN,

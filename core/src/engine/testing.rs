@@ -169,7 +169,7 @@ async fn drain(
     let mut beat_at: Option<Instant> = None;
     loop {
         // Heartbeat as a node would, so that no reaper takes the rows back.
-        if beat_at.map_or(true, |t| t.elapsed() >= ctx.cfg.heartbeat_interval) {
+        if beat_at.is_none_or(|t| t.elapsed() >= ctx.cfg.heartbeat_interval) {
             beat(ctx, node_id, queue).await?;
             beat_at = Some(Instant::now());
         }

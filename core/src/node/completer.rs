@@ -63,7 +63,9 @@ pub(super) async fn write_outcomes(
                         // The node still heartbeats meanwhile, so nothing
                         // is rescued: a lease to reconnect (a server that
                         // just restarted) rather than re-run finished steps.
-                        Some(Instant::now() + sh.ctx.cfg.shutdown_timeout.max(sh.ctx.cfg.lease)),
+                        Some(crate::deadline::after(
+                            sh.ctx.cfg.shutdown_timeout.max(sh.ctx.cfg.lease),
+                        )),
                     )
                     .await;
                 }

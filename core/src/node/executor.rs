@@ -281,7 +281,7 @@ impl UserStep {
         let Some(limit) = cfg.timeout_of(&row.workflow, &row.step) else {
             return (self.run.await, None);
         };
-        let deadline = tokio::time::Instant::now() + limit;
+        let deadline = tokio::time::Instant::from_std(crate::deadline::after(limit));
         tokio::select! {
             biased;
             ended = &mut self.run => {

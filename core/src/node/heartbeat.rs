@@ -58,8 +58,8 @@ pub(super) async fn heartbeats(sh: Arc<Shared>) {
             Ok(Ok(gap)) => {
                 retry.reset();
                 let was_live = sh.live.renewed(sent);
-                let late = gap.map_or(true, |g| g >= cfg.lease.as_secs_f64())
-                    || sent - last_ok >= cfg.lease;
+                let late =
+                    gap.is_none_or(|g| g >= cfg.lease.as_secs_f64()) || sent - last_ok >= cfg.lease;
                 last_ok = sent;
                 if !was_live || late {
                     tracing::warn!(

@@ -58,7 +58,7 @@ impl Successors {
         match slot(&row) {
             Some(s)
                 if self.held.contains_key(&s)
-                    && self.last_free.get(&s.0).map_or(true, |&at| at <= mark) =>
+                    && self.last_free.get(&s.0).is_none_or(|&at| at <= mark) =>
             {
                 self.reserved.entry(s).or_default().push_back(row);
             }

@@ -17,10 +17,6 @@ use sqlx::postgres::{PgQueryResult, PgRow, PgStatement, PgTypeInfo};
 use sqlx::{Describe, Either, Execute, Executor, PgConnection, PgPool, Postgres};
 use std::time::Duration;
 
-/// The longest limit a deadline is computed from (a configured `Duration`
-/// may be any size, and an instant that far ahead overflows).
-const FAR: Duration = Duration::from_secs(30 * 365 * 86_400);
-
 /// Calls on one connection of `pool`, taken at the first and given back when
 /// the pass ends (one check by the pool per pass, not per call).
 pub(crate) struct Pass<'p> {
@@ -47,7 +43,7 @@ impl<'p> Pass<'p> {
         &mut self,
         call: impl AsyncFnOnce(&mut PgConnection) -> Result<T, E>,
     ) -> Result<T, E> {
-        let deadline = tokio::time::Instant::now() + self.limit.min(FAR);
+        let deadline = tokio::time::Instant::from_std(crate::deadline::after(self.limit));
         let mut conn = match self.conn.take() {
             Some(conn) => conn,
             None => tokio::time::timeout_at(deadline, self.pool.acquire())

@@ -48,7 +48,8 @@ pub(super) async fn maintain(sh: Arc<Shared>) {
     let ctx = &sh.ctx;
     let cfg = &ctx.cfg;
     let tick = cfg.poll_interval.min(cfg.heartbeat_interval);
-    let mut last_reap = Instant::now() - cfg.heartbeat_interval;
+    // None: the first pass reaps.
+    let mut last_reap: Option<Instant> = None;
     let mut last_gc = Instant::now();
     let mut gates_after: Option<String> = None;
     let mut parked_after: Option<String> = None;
@@ -63,8 +64,8 @@ pub(super) async fn maintain(sh: Arc<Shared>) {
         if let Err(e) = stage(ctx, &mut pass).await {
             tracing::debug!(error = %e, "staging failed");
         }
-        if now - last_reap >= cfg.heartbeat_interval {
-            last_reap = now;
+        if last_reap.is_none_or(|t| now - t >= cfg.heartbeat_interval) {
+            last_reap = Some(now);
             if let Err(e) = reap(ctx, &mut pass, None).await {
                 tracing::debug!(error = %e, "reaping failed");
             }
