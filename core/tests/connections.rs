@@ -299,7 +299,9 @@ async fn periodic_workflows_go_on_after_their_connection_stopped_answering() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn application_calls_on_connections_that_stopped_answering_fail_in_time() {
     let (schema, _, proxy) = stalling("stalled_calls").await;
+    // One connection, so that the next call takes the one that stalls.
     let client = support::builder(&proxy.url, &schema)
+        .max_connections(1)
         .call_timeout(Duration::from_secs(1))
         .build()
         .await
@@ -308,6 +310,16 @@ async fn application_calls_on_connections_that_stopped_answering_fail_in_time() 
         .insert(NewInstance::new("Noop", json!({})))
         .await
         .unwrap();
+    let pool = client.pool().clone();
+    support::eventually(
+        "the connection back in the pool",
+        Duration::from_secs(30),
+        || {
+            let pool = pool.clone();
+            async move { pool.num_idle() == 1 }
+        },
+    )
+    .await;
 
     // The client's pooled connection stops answering: the next call on it
     // fails after the call timeout, as a lost connection, and the one after
