@@ -3,11 +3,14 @@
 //!
 //! sqlx 0.8 sets no TCP keepalive, so a call on a connection whose server
 //! went away without closing it (a failover, a dropped NAT mapping) waits
-//! forever. The node's background work (maintenance, the rate waker, its
-//! start and its stop) runs its calls through a [`Pass`]: a call unanswered
-//! for the limit fails as a lost connection would, and its connection is
-//! closed at once. What the abandoned call did, if it committed, is a
-//! committed call whose answer was lost; every such call is safe to run again.
+//! forever. The node's background work (maintenance, the rate waker, the
+//! periodic workflows, its start and its stop) runs its calls through a
+//! [`Pass`] limited to a lease, the application's through [`Limited`] (or a
+//! `Pass` for a transaction) limited to `call_timeout`: a call unanswered for
+//! its limit fails as a lost connection would, and its connection is closed
+//! at once. What the abandoned call did, if it committed, is a committed call
+//! whose answer was lost: the node's are safe to run again, and a claim one
+//! made is found by the lost-claim check.
 
 use super::kept::{close_now, unanswered};
 use futures::future::BoxFuture;
