@@ -12,6 +12,7 @@ use std::collections::HashSet;
 use std::sync::atomic::Ordering::{Relaxed, SeqCst};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
 
 /// Record this node's heartbeat on `exec`. Returns how long ago its previous
 /// heartbeat was recorded (None: it had none, or its row was deleted as dead).
@@ -37,7 +38,7 @@ pub(super) async fn beat<'e>(
 /// which the node may have been presumed dead, its running steps whose rows
 /// were rescued meanwhile are stopped (their outcomes would be fenced anyway)
 /// and lost claims are looked for.
-pub(super) async fn heartbeats(sh: Arc<Shared>) {
+pub(super) async fn heartbeats(sh: Arc<Shared>, stop: CancellationToken) {
     let ctx = &sh.ctx;
     let cfg = &ctx.cfg;
     let mut conn: Option<sqlx::PgConnection> = None;
@@ -91,8 +92,13 @@ pub(super) async fn heartbeats(sh: Arc<Shared>) {
             }
         };
         // Also while the node stops: its last outcomes are written under a
-        // live heartbeat (`Node::stop` ends this task after the writer).
-        tokio::time::sleep(pause).await;
+        // live heartbeat. `Node::stop` ends this task after the writer, here
+        // between beats: a beat cut short could still be applied after the
+        // stop deleted the node's row, and bring it back.
+        tokio::select! {
+            _ = tokio::time::sleep(pause) => {}
+            _ = stop.cancelled() => return,
+        }
     }
 }
 

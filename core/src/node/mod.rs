@@ -48,6 +48,8 @@ pub(crate) struct Node {
     background: Vec<JoinHandle<()>>,
     writer: JoinHandle<()>,
     writer_stop: CancellationToken,
+    heartbeat: JoinHandle<()>,
+    heartbeat_stop: CancellationToken,
 }
 
 pub(crate) struct Shared {
@@ -190,11 +192,12 @@ impl Node {
                 supervised("picker", move || picker::picker(sh.clone(), q.clone()))
             })
             .collect();
+        let heartbeat_stop = CancellationToken::new();
+        let heartbeat = supervised("heartbeat", {
+            let (sh, stop) = (shared.clone(), heartbeat_stop.clone());
+            move || heartbeat::heartbeats(sh.clone(), stop.clone())
+        });
         let mut background = vec![
-            supervised("heartbeat", {
-                let sh = shared.clone();
-                move || heartbeat::heartbeats(sh.clone())
-            }),
             supervised("listener", {
                 let sh = shared.clone();
                 move || listener::listen(sh.clone())
@@ -216,6 +219,8 @@ impl Node {
             background,
             writer,
             writer_stop,
+            heartbeat,
+            heartbeat_stop,
         })
     }
 
@@ -250,6 +255,9 @@ impl Node {
         }
         self.writer_stop.cancel();
         let _ = self.writer.await;
+        // Between beats: a beat cut short could land after the row is gone.
+        self.heartbeat_stop.cancel();
+        let _ = self.heartbeat.await;
         for b in self.background {
             b.abort();
             let _ = b.await;
