@@ -99,7 +99,8 @@ impl EngineBuilder {
 
     /// How long a call the application makes (an insert, a read, a signal,
     /// an operator's action, the dashboard's) may wait for the database's
-    /// answer to one statement before it fails with a timeout, a transient
+    /// answer to one statement (an insert: to its whole transaction) before
+    /// it fails with a timeout, a transient
     /// database error (default 60 s). Its connection is closed: one whose
     /// server went away without closing it (a failover, a dropped NAT
     /// mapping) would otherwise keep the call waiting forever. The statement
