@@ -33,7 +33,7 @@ CREATE FUNCTION gendurable.handoff(plain_ids bigint[], plain_tokens bigint[], pl
     SET search_path TO 'gendurable'
     SET plan_cache_mode TO 'force_generic_plan'
     SET jit TO 'off'
-    AS -- sql/functions/handoff.sql, source md5 5efe4e03b35e9b9e538f81e0167fcf30
+    AS -- sql/functions/handoff.sql, source md5 c946ed74ea0457e1fdfa93bad512e363
 ;
 
 CREATE FUNCTION gendurable.key_room(keys text[], gate_names text[], gate_limits integer[]) RETURNS TABLE(key text, room integer)
@@ -120,7 +120,7 @@ CREATE FUNCTION gendurable.release_reserved(node_id text, ids bigint[], tokens b
     LANGUAGE sql
     SET search_path TO 'gendurable'
     SET jit TO 'off'
-    AS -- sql/functions/release_reserved.sql, source md5 e35c4b3ea4574279a10603c680db40ab
+    AS -- sql/functions/release_reserved.sql, source md5 c825955c914b31e439a320c9b8f46b92
 ;
 
 CREATE FUNCTION gendurable.send_signal(signal text, payload jsonb, ttl double precision, channel text, OUT woken integer, OUT kept boolean) RETURNS record
@@ -201,6 +201,7 @@ CREATE TABLE gendurable.instances (
     parked text,
     unique_key bytea,
     unique_states text[],
+    cautious boolean DEFAULT false NOT NULL,
     CONSTRAINT instances_attempts_check CHECK (((max_attempts >= 1) AND (attempt >= 0))),
     CONSTRAINT instances_parked_check CHECK ((parked = ANY (ARRAY['key'::text, 'rate'::text, 'workflow'::text]))),
     CONSTRAINT instances_priority_check CHECK (((priority >= 0) AND (priority <= 9))),

@@ -50,22 +50,35 @@ impl Claimed {
     }
 }
 
+/// What the call recording a predecessor's outcome did with the successor
+/// started in its slot: `Ok` promoted it; `Err` did not, and did not apply
+/// the outcome either (an outcome naming a successor applies only with its
+/// promotion), which is to be recorded alone once the successor has stopped.
+pub(crate) type Admitted = std::result::Result<(), Box<OutcomeRow>>;
+
 /// Tells a successor, started in its predecessor's slot, whether the call
 /// recording the predecessor's outcome promoted it. Dropped unsettled (the
 /// outcome was never written), it reads as not promoted.
 #[derive(Debug, Default)]
-pub(crate) struct Promotion(std::sync::Mutex<Option<tokio::sync::oneshot::Sender<bool>>>);
+pub(crate) struct Promotion(std::sync::Mutex<Option<tokio::sync::oneshot::Sender<Admitted>>>);
 
 impl Promotion {
-    pub fn new() -> (Promotion, tokio::sync::oneshot::Receiver<bool>) {
+    pub fn new() -> (Promotion, tokio::sync::oneshot::Receiver<Admitted>) {
         let (tx, rx) = tokio::sync::oneshot::channel();
         (Promotion(std::sync::Mutex::new(Some(tx))), rx)
     }
 
-    pub fn settle(&self, promoted: bool) {
-        let tx = self.0.lock().unwrap_or_else(|p| p.into_inner()).take();
+    /// Settle the promotion `outcome` carries, if any: promoted or not.
+    pub fn settle(outcome: &OutcomeRow, promoted: bool) {
+        let Some(p) = &outcome.promotion else {
+            return;
+        };
+        let tx = p.0.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(tx) = tx {
-            let _ = tx.send(promoted);
+            let _ = tx.send(match promoted {
+                true => Ok(()),
+                false => Err(Box::new(outcome.alone())),
+            });
         }
     }
 }
@@ -110,7 +123,8 @@ pub(crate) struct OutcomeRow {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gshard: Option<i32>,
     /// The reserved successor started in the slot this outcome frees, and
-    /// the token of its reservation.
+    /// the token of its reservation. The outcome applies only together with
+    /// that successor's promotion.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub next: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -212,6 +226,18 @@ impl OutcomeRow {
             .as_ref()
             .filter(|_| plain)
             .map(|state| (step, state))
+    }
+
+    /// This outcome without its successor, to record once a successor it
+    /// named was not promoted (and has stopped).
+    pub fn alone(&self) -> OutcomeRow {
+        OutcomeRow {
+            next: None,
+            ntoken: None,
+            promotion: None,
+            slot: None,
+            ..self.clone()
+        }
     }
 
     /// Whether the row is runnable again right away.

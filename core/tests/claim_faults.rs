@@ -304,3 +304,188 @@ async fn a_rate_limited_backlog_drains_without_polling() {
     support::wait_count(engine.pool(), &schema, "completed", ids.len() as i64).await;
     engine.shutdown().await.unwrap();
 }
+
+/// Child mode: a node whose steps sleep 100 ms, except one marked `poison`,
+/// which ends the process. Run by `a_successor_that_ends_its_process_is_counted`.
+#[tokio::test]
+async fn child_node_with_a_poison_pill() {
+    let (Ok(url), Ok(schema)) = (
+        std::env::var("GD_POISON_URL"),
+        std::env::var("GD_POISON_SCHEMA"),
+    ) else {
+        return; // not in child mode
+    };
+    let engine = support::builder(&url, &schema)
+        .node_id("poisoned")
+        .queue("default", 4)
+        .workflow_fn("Job", |_step, state, _ctx| async move {
+            if state["poison"] == true {
+                std::process::exit(3);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            Ok(Transition::done(state))
+        })
+        .start()
+        .await
+        .unwrap();
+    std::future::pending::<()>().await;
+    drop(engine);
+}
+
+/// A successor starts before the call that promotes it commits, so a step
+/// that ends its process there has not been counted yet. Its reservation,
+/// taken back when the node's next process starts, is marked cautious: it
+/// starts only once claimed from then on, so it reaches max_attempts, and
+/// the row before it (whose outcome was lost with the process) runs again
+/// once, not until its own attempts run out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_successor_that_ends_its_process_is_counted() {
+    let url = support::url();
+    let schema = support::schema("poison");
+    let engine = support::builder(&url, &schema)
+        .migrate(true)
+        .workflow_fn("Job", |_step, state, _ctx| async move {
+            Ok(Transition::done(state))
+        })
+        .build()
+        .await
+        .unwrap();
+    // One K = 1 key: a row, then the poison pill, after a first row that each
+    // process runs first (so that, its step time known, the node reserves
+    // successors when that row's outcome hands the key on).
+    let key = |poison: bool, priority: i16| {
+        NewInstance::new("Job", json!({ "poison": poison }))
+            .concurrency_key("acct:1")
+            .priority(priority)
+            .max_attempts(3)
+    };
+    let ids = engine
+        .insert_many(vec![key(false, 1), key(true, 1).max_attempts(2)])
+        .await
+        .unwrap();
+    let pill = ids[1];
+    let mut runs = 0;
+    while !engine.get(pill).await.unwrap().status.is_final() {
+        runs += 1;
+        assert!(
+            runs <= 8,
+            "the poison pill is still not discarded after 8 processes"
+        );
+        engine.insert(key(false, 0)).await.unwrap();
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "child_node_with_a_poison_pill", "--nocapture"])
+            .env("GD_POISON_URL", &url)
+            .env("GD_POISON_SCHEMA", &schema)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        // Until the pill ends the process, or is discarded (the process then
+        // idles).
+        let e = engine.clone();
+        let mut ended = false;
+        support::eventually(
+            "the child ends or the pill is final",
+            Duration::from_secs(60),
+            || {
+                ended = child.try_wait().unwrap().is_some();
+                let e = e.clone();
+                async move { ended || e.get(pill).await.unwrap().status.is_final() }
+            },
+        )
+        .await;
+        if !ended {
+            child.kill().unwrap();
+        }
+        child.wait().unwrap();
+    }
+    // The last process took the pill back at its start, counted out.
+    let pill = engine.get(pill).await.unwrap();
+
+    assert_eq!(pill.status, Status::Discarded, "{pill:?}");
+    let first = engine.get(ids[0]).await.unwrap();
+    assert_eq!(first.status, Status::Completed, "{first:?}");
+    assert!(first.errors.len() <= 1, "lost once at most: {first:?}");
+}
+
+/// A successor starts the moment its predecessor's step ends, before the
+/// call that promotes it commits (held back here by a lock on its row), and
+/// the database counts the key taken throughout: the predecessor stays
+/// executing until that call promotes the successor in its place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_successor_starts_before_its_promotion_commits() {
+    let url = support::url();
+    let schema = support::schema("early");
+    let (started_tx, mut started) = tokio::sync::mpsc::unbounded_channel();
+    let release = Arc::new(tokio::sync::Notify::new());
+    let hold = release.clone();
+    let engine = support::builder(&url, &schema)
+        .queue("default", 4)
+        .workflow_fn("Job", move |_step, state, ctx| {
+            let (started, hold) = (started_tx.clone(), hold.clone());
+            async move {
+                started.send(ctx.id).unwrap();
+                match state["role"].as_str() {
+                    Some("held") => hold.notified().await,
+                    _ => tokio::time::sleep(Duration::from_millis(50)).await,
+                }
+                Ok(Transition::done(state))
+            }
+        })
+        .build()
+        .await
+        .unwrap();
+    // A first row (its outcome hands the key on, its step time known by
+    // then, so the node reserves a successor), the held one, its successor.
+    let row =
+        |role: &str| NewInstance::new("Job", json!({ "role": role })).concurrency_key("acct:1");
+    let ids = engine
+        .insert_many(vec![row("first"), row("held"), row("next")])
+        .await
+        .unwrap();
+    let (held, next) = (ids[1], ids[2]);
+    engine.start().await.unwrap();
+    assert_eq!(started.recv().await, Some(ids[0]));
+    assert_eq!(started.recv().await, Some(held));
+    let pool = engine.pool().clone();
+    let sql = format!("SELECT node IS NOT NULL FROM \"{schema}\".instances WHERE id = $1");
+    support::eventually("the successor reserved", Duration::from_secs(30), || {
+        let (pool, sql) = (pool.clone(), sql.clone());
+        async move {
+            sqlx::query_scalar(&sql)
+                .bind(next)
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        }
+    })
+    .await;
+
+    // Hold the successor's row: the call that would promote it waits.
+    let mut lock = pool.begin().await.unwrap();
+    sqlx::query(&format!(
+        "SELECT 1 FROM \"{schema}\".instances WHERE id = $1 FOR UPDATE"
+    ))
+    .bind(next)
+    .execute(&mut *lock)
+    .await
+    .unwrap();
+    release.notify_one();
+    let start = tokio::time::timeout(Duration::from_secs(30), started.recv()).await;
+    assert_eq!(start, Ok(Some(next)), "started before its promotion");
+    assert_eq!(
+        engine.get(held).await.unwrap().status,
+        Status::Executing,
+        "the key still held"
+    );
+    assert_eq!(engine.get(next).await.unwrap().status, Status::Available);
+    lock.commit().await.unwrap();
+    for id in ids {
+        assert_eq!(
+            support::wait_final(&engine, id).await.status,
+            Status::Completed
+        );
+    }
+    assert_eq!(engine.stats().snapshot().successors, 1);
+    engine.shutdown().await.unwrap();
+}

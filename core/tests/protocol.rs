@@ -353,7 +353,9 @@ async fn an_outcome_naming_another_key_or_shard_is_fenced() {
 
 /// Case 3: a successor is promoted only with its predecessor's outcome, and
 /// the call says which successors run here. One whose predecessor was
-/// rescued meanwhile is not admitted, stays reserved, and goes back.
+/// rescued meanwhile is not admitted, stays reserved, and goes back. The
+/// node starts a successor before the call: an outcome naming one the call
+/// cannot promote does not apply, so the key stays held while it runs.
 #[tokio::test]
 async fn a_successor_is_admitted_only_with_its_predecessors_outcome() {
     let (engine, schema) = engine("promote").await;
@@ -395,10 +397,115 @@ async fn a_successor_is_admitted_only_with_its_predecessors_outcome() {
     let wrong_token = handoff(pool, &schema, stale, 0, false, &[]).await;
     assert_eq!(
         (wrong_token.written, wrong_token.promoted),
-        (1, vec![]),
-        "a successor named under an old reservation is not promoted"
+        (0, vec![]),
+        "a successor named under an old reservation is not promoted, nor its predecessor's outcome applied"
     );
     assert_eq!(row(pool, &schema, s).await.0, "available");
+    assert_eq!(
+        row(pool, &schema, p).await.0,
+        "executing",
+        "the key stays held"
+    );
+    // Recorded alone, once the node has stopped the successor, it applies.
+    let alone = json!([{"id": p, "token": 2, "kind": "done", "status": "completed", "state": {},
+                        "hkey": "acct:1"}]);
+    assert_eq!(
+        handoff(pool, &schema, alone, 0, false, &[]).await.written,
+        1
+    );
+    assert_eq!(row(pool, &schema, p).await.0, "completed");
+}
+
+/// A successor is not promoted into a paused queue, and the outcome naming
+/// it does not apply: the node stops the successor it started, and records
+/// the outcome alone (the key goes free, handed to nobody while paused).
+#[tokio::test]
+async fn an_outcome_naming_a_successor_in_a_paused_queue_waits_for_it_to_stop() {
+    let (engine, schema) = engine("promote_paused").await;
+    let pool = engine.pool();
+    let key = || NewInstance::new("Job", json!({})).concurrency_key("acct:1");
+    let ids = engine.insert_many(vec![key(), key(), key()]).await.unwrap();
+    let (p, s) = (ids[0], ids[1]);
+    let first = handoff(pool, &schema, json!([]), 1, true, &[]).await;
+    assert_eq!(
+        (first.claimed, first.reserved),
+        (vec![(p, 1)], vec![(s, 1)])
+    );
+    assert!(engine.pause_queue("default").await.unwrap());
+    let done = json!([{"id": p, "token": 1, "kind": "done", "status": "completed", "state": {},
+                       "hkey": "acct:1", "next": s, "ntoken": 1}]);
+    let refused = handoff(pool, &schema, done, 1, false, &[]).await;
+    assert_eq!((refused.written, refused.promoted), (0, vec![]));
+    assert_eq!(row(pool, &schema, p).await.0, "executing");
+    let alone = json!([{"id": p, "token": 1, "kind": "done", "status": "completed", "state": {},
+                        "hkey": "acct:1"}]);
+    let call = handoff(pool, &schema, alone, 1, false, &[(s, 1)]).await;
+    assert_eq!((call.written, call.claimed), (1, vec![]));
+    assert_eq!(row(pool, &schema, p).await.0, "completed");
+    let (status, node, _, _) = row(pool, &schema, s).await;
+    assert_eq!((status.as_str(), node), ("available", None));
+}
+
+/// A successor may have started on its node and ended the process before
+/// its promotion counted the attempt. The reaper marks the reservations it
+/// takes back cautious: such a row is never reserved again, so it starts
+/// only once claimed, its attempt counted (a crash loop ends at
+/// max_attempts). Moving on to its next step clears the mark.
+#[tokio::test]
+async fn a_reservation_taken_back_from_the_dead_starts_only_once_claimed() {
+    let (engine, schema) = engine("cautious").await;
+    let pool = engine.pool();
+    let key = || NewInstance::new("Job", json!({})).concurrency_key("acct:1");
+    let ids = engine.insert_many(vec![key(), key(), key()]).await.unwrap();
+    let sql = format!("SELECT cautious FROM \"{schema}\".instances WHERE id = $1");
+    let cautious = |id: i64| sqlx::query_scalar::<_, bool>(&sql).bind(id).fetch_one(pool);
+    let first = handoff_as(pool, &schema, "gone", json!([]), 1, true, &[]).await;
+    assert_eq!(
+        (first.claimed, first.reserved),
+        (vec![(ids[0], 1)], vec![(ids[1], 1)])
+    );
+    // The node's process ends (its stop, or the reaper's pass for it).
+    sqlx::query(&format!(
+        "SELECT \"{schema}\".release_reserved('gone', NULL, NULL)"
+    ))
+    .execute(pool)
+    .await
+    .unwrap();
+    sqlx::query(&format!(
+        "UPDATE \"{schema}\".instances SET status = 'available', node = NULL WHERE id = $1"
+    ))
+    .bind(ids[0])
+    .execute(pool)
+    .await
+    .unwrap();
+    assert!(cautious(ids[1]).await.unwrap());
+    assert!(
+        !cautious(ids[0]).await.unwrap(),
+        "a claimed row is not marked"
+    );
+
+    // Another node claims the key's first row: the cautious row after it is
+    // not reserved as its successor.
+    let again = handoff(pool, &schema, json!([]), 1, true, &[]).await;
+    assert_eq!((again.claimed, again.reserved), (vec![(ids[0], 2)], vec![]));
+    // Its outcome hands the key over to the cautious row: claimed, counted.
+    let done = json!([{"id": ids[0], "token": 2, "kind": "done", "status": "completed",
+                       "state": {}, "hkey": "acct:1"}]);
+    let call = handoff(pool, &schema, done, 1, true, &[]).await;
+    assert_eq!(call.claimed, vec![(ids[1], 2)]);
+    let attempt: i32 = sqlx::query_scalar(&format!(
+        "SELECT attempt FROM \"{schema}\".instances WHERE id = $1 AND status = 'executing'"
+    ))
+    .bind(ids[1])
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    assert_eq!(attempt, 1, "counted");
+    // Moving on to its next step clears the mark.
+    let next = json!([{"id": ids[1], "token": 2, "kind": "next", "status": "available",
+                       "step": "two", "state": {}, "hkey": "acct:1"}]);
+    assert_eq!(handoff(pool, &schema, next, 0, false, &[]).await.written, 1);
+    assert!(!cautious(ids[1]).await.unwrap());
 }
 
 /// A promotion reported once is reported again when the call is replayed

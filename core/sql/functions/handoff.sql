@@ -9,7 +9,10 @@
 -- holds the key and shard the outcome names, so a late outcome of a rescued
 -- row is dropped; `next`/`ntoken` name the reserved successor the node
 -- started in the slot it frees and that reservation's token. A successor is
--- promoted only if its predecessor's outcome applied in this call.
+-- promoted only if its predecessor's outcome applied in this call, and the
+-- node starts it before this call: an outcome naming a successor applies only
+-- together with that promotion, so the key or slot never goes free while the
+-- successor runs.
 --
 -- A key or gate slot an outcome frees goes straight to the next row of its
 -- key (a handover, parked or not), when the node has room for it; a key the
@@ -64,6 +67,8 @@ DECLARE
     t_key text[];
     t_shard integer[];
     p_id bigint[] := '{}';
+    -- The named successors this call can promote.
+    e_ok bigint[] := '{}';
     -- Every successor the outcomes name, with its reservation's token.
     n_next bigint[];
     n_ntoken bigint[];
@@ -121,6 +126,22 @@ BEGIN
     END IF;
 
     IF jsonb_array_length(outcomes) > 0 THEN
+        -- The named successors the promotion below will take (its
+        -- conditions, locked here so that nothing changes them meanwhile):
+        -- the outcomes naming the others do not apply, and their node stops
+        -- the successor and records the outcome alone.
+        IF jsonb_path_exists(outcomes, '$[*].next') THEN
+            SELECT coalesce(array_agg(s.id), '{}') INTO e_ok FROM (
+                SELECT i.id
+                FROM jsonb_to_recordset(outcomes) AS o(id bigint, hkey text, next bigint, ntoken bigint)
+                JOIN instances p ON p.id = o.id
+                JOIN instances i ON i.id = o.next
+                WHERE i.status = 'available' AND i.node = node_id AND i.token = o.ntoken
+                  AND i.concurrency_key = o.hkey AND i.queue = p.queue
+                  AND NOT (i.queue = ANY (coalesce(paused, '{}')))
+                ORDER BY i.id
+                FOR UPDATE OF i) s;
+        END IF;
         -- The locks of the signals awaited, in order (see send_signal): a
         -- signal sent meanwhile by name waits, then wakes them.
         PERFORM pg_advisory_xact_lock(hashtext(current_schema() || '.signal'), hashtext(s.name))
@@ -159,11 +180,15 @@ BEGIN
                                      OR (i.cancel_requested AND o.status NOT IN ('completed'))
                                    THEN now() END,
                 node = NULL,
-                gate_shard = NULL
+                gate_shard = NULL,
+                -- A row moving on to its next step is no longer suspected of
+                -- ending its process (see the cautious migration).
+                cautious = i.cautious AND o.kind IN ('snooze', 'error', 'discard', 'release')
             FROM o
             WHERE i.id = o.id AND i.status = 'executing' AND i.node = node_id AND i.token = o.token
               AND i.concurrency_key IS NOT DISTINCT FROM o.hkey
               AND i.gate_shard IS NOT DISTINCT FROM o.gshard
+              AND (o.next IS NULL OR o.next = ANY (e_ok))
             RETURNING i.id, i.status, i.await_signal, i.queue, o.hkey, o.gshard, o.next, o.ntoken
         )
         SELECT count(*)::integer,
@@ -377,7 +402,8 @@ BEGIN
     END IF;
 
     -- Reserve a successor per keyed row that wants one: the next runnable rows
-    -- of its key and queue nobody holds. Only for keys that are full (K = 1,
+    -- of its key and queue nobody holds, unless cautious (taken back from a
+    -- node that ended: it starts only once claimed). Only for keys that are full (K = 1,
     -- or a gate with no slot left): a row a free slot could admit now is left
     -- to the pick. Rows under a configured rate limit are left to the pick,
     -- which checks the limit. Not in a queue where the node holds more than
@@ -399,7 +425,7 @@ BEGIN
             GROUP BY 1, 2
         ), nxt AS (
             SELECT n.id FROM w CROSS JOIN LATERAL (
-                SELECT i.id FROM instances i
+                SELECT i.id, i.cautious FROM instances i
                 WHERE i.concurrency_key = w.key AND i.queue || '' = w.queue AND i.status = 'available'
                   AND i.node IS NULL AND i.workflow = ANY (workflows)
                   AND (i.rate_key IS NULL
@@ -407,6 +433,7 @@ BEGIN
                 ORDER BY i.priority, i.scheduled_at, i.id
                 LIMIT w.n
                 FOR UPDATE SKIP LOCKED) n
+            WHERE NOT n.cautious
         )
         UPDATE instances i SET node = node_id, token = i.token + 1, parked = NULL
         FROM nxt

@@ -2,7 +2,7 @@
 //! reserves and gives back, and the bookkeeping around it.
 
 use super::{lock, Shared};
-use crate::outcome::{Claimed, OutcomeRow};
+use crate::outcome::{Claimed, OutcomeRow, Promotion};
 use crate::stats::Stats;
 use crate::store::{close_now, read_handoff, unanswered, Call, Demand, Handoff};
 use std::sync::atomic::Ordering::{Relaxed, SeqCst};
@@ -92,22 +92,23 @@ pub(super) async fn record_and_claim(
             return Err(e);
         }
     };
+    // An outcome naming a successor not promoted here did not apply: its row
+    // stays held, and the outcome is recorded alone once the successor stops.
+    let refused = |o: &OutcomeRow| o.next.is_some_and(|n| !h.promoted.contains(&n));
     {
         // Outcomes first: the same call may claim a row it just recorded.
         let mut holding = lock(&sh.holding);
         for o in outcomes {
-            if holding.get(&o.id) == Some(&o.token) {
+            if holding.get(&o.id) == Some(&o.token) && !refused(o) {
                 holding.remove(&o.id);
             }
         }
         holding.extend(h.claimed.iter().map(|r| (r.id, r.token)));
     }
-    for o in outcomes {
-        if let (Some(p), Some(next)) = (&o.promotion, o.next) {
-            let promoted = h.promoted.contains(&next);
-            Stats::add(&ctx.stats.successors, promoted as u64);
-            p.settle(promoted);
-        }
+    for o in outcomes.iter().filter(|o| o.next.is_some()) {
+        let promoted = !refused(o);
+        Stats::add(&ctx.stats.successors, promoted as u64);
+        Promotion::settle(o, promoted);
     }
     // The claimed rows hold their keys before their successors are filed.
     sh.successors(|s| {

@@ -3,7 +3,7 @@
 
 use super::{handover, lock, payload_message, Running, Shared, Stop};
 use crate::config::EngineConfig;
-use crate::outcome::{Claimed, OutcomeRow, Promotion};
+use crate::outcome::{Admitted, Claimed, OutcomeRow, Promotion};
 use crate::stats::Stats;
 use crate::transition::{Transition, Wake};
 use crate::workflow::{StepContext, StepResult, Workflow};
@@ -27,18 +27,56 @@ pub(super) fn release_unstarted(sh: &Shared, rows: Vec<Claimed>) {
     }
 }
 
+/// A successor's promotion: settled by the call that records its
+/// predecessor's outcome. Read once, kept.
+pub(super) struct Admission {
+    call: oneshot::Receiver<Admitted>,
+    promoted: Option<bool>,
+    /// Not promoted: the predecessor's outcome, to record alone.
+    alone: Option<Box<OutcomeRow>>,
+}
+
+impl Admission {
+    fn new(call: oneshot::Receiver<Admitted>) -> Admission {
+        Admission {
+            call,
+            promoted: None,
+            alone: None,
+        }
+    }
+
+    async fn promoted(&mut self) -> bool {
+        if let Some(p) = self.promoted {
+            return p;
+        }
+        let p = match (&mut self.call).await {
+            Ok(Ok(())) => true,
+            Ok(Err(alone)) => {
+                self.alone = Some(alone);
+                false
+            }
+            // Never written (given up at shutdown): the rows are rescued.
+            Err(_) => false,
+        };
+        self.promoted = Some(p);
+        p
+    }
+}
+
 /// Run a claimed row: wait for a running slot (unless it comes with one: a
 /// successor takes its predecessor's), run the step, queue its outcome, and
 /// start the key's reserved successor in the slot, if there is one.
-/// `promotion`: a successor's, settled when the call recording its
-/// predecessor's outcome is written; the successor starts only once
-/// promoted (not promoted, it goes back unstarted).
+/// `admission`: a successor's promotion. The successor starts at once, in
+/// the slot its predecessor freed, which the database still counts as taken
+/// by the predecessor until the promotion moves it over; not promoted, it
+/// is stopped and its outcome never sent (its predecessor's is recorded
+/// alone instead). Its own outcome waits for the promotion.
 pub(super) fn spawn_step(
     sh: &Arc<Shared>,
     mut row: Claimed,
     claim: OwnedSemaphorePermit,
     run: Option<OwnedSemaphorePermit>,
-    promotion: Option<oneshot::Receiver<bool>>,
+    admission: Option<Admission>,
 ) {
     let Some(workflow) = sh.ctx.workflows.get(&row.workflow).cloned() else {
         // The pick only claims workflows this node knows.
@@ -60,19 +98,17 @@ pub(super) fn spawn_step(
                 run = runs.acquire_owned() => run.ok(),
             },
         };
-        // A successor starts once the call recording its predecessor's
-        // outcome has promoted it: before that the database does not count
-        // its attempt, so a step that kills its process would never reach
-        // max_attempts. Not promoted, it was never admitted.
-        if let Some(p) = promotion {
-            if p.await != Ok(true) {
-                not_admitted(&sh, &row);
-                return;
-            }
-        }
+        let mut admission = admission;
         // A node that may have been presumed dead starts nothing: its rows
-        // may run elsewhere already.
+        // may run elsewhere already. (A successor is given back once
+        // promoted: its predecessor's outcome applies only with it.)
         let Some(run) = run.filter(|_| sh.live.is_live()) else {
+            if let Some(a) = admission.as_mut() {
+                if !a.promoted().await {
+                    not_admitted(&sh, &row, a.alone.take(), claim);
+                    return;
+                }
+            }
             drop(claim);
             release_unstarted(&sh, vec![row]);
             return;
@@ -106,9 +142,33 @@ pub(super) fn spawn_step(
             },
         );
         let _ended = ended.drop_guard();
-        let (result, timed_out) = user.run(&sh.ctx.cfg, &row).await;
+        let abort = user.abort.clone();
+        let stepping = user.run(&sh.ctx.cfg, &row);
+        tokio::pin!(stepping);
+        // A successor runs while its promotion is being written, and is
+        // stopped at once if it is not promoted.
+        let first = match admission.as_mut() {
+            None => Some(stepping.as_mut().await),
+            Some(a) => tokio::select! {
+                r = stepping.as_mut() => Some(r),
+                false = a.promoted() => None,
+            },
+        };
+        let (result, timed_out) = match first {
+            Some(ended) => ended,
+            None => {
+                abort.abort();
+                stepping.await
+            }
+        };
         sh.prefetch[&row.queue].ran(began.elapsed());
         forget_running(&sh, &row);
+        if let Some(a) = admission.as_mut() {
+            if !a.promoted().await {
+                not_admitted(&sh, &row, a.alone.take(), claim);
+                return;
+            }
+        }
         let stop = *lock(&stopped);
         let aborted = matches!(result, Ended::Stopped);
         if aborted && timed_out.is_none() && stop.is_none() && !sh.shutdown.is_cancelled() {
@@ -155,7 +215,7 @@ pub(super) fn spawn_step(
                 outcome.next = Some(next.id);
                 outcome.ntoken = Some(next.token - 1);
                 outcome.promotion = Some(Arc::new(promotion));
-                spawn_step(&sh, next, claim, Some(run), Some(promoted));
+                spawn_step(&sh, next, claim, Some(run), Some(Admission::new(promoted)));
             }
             None => {
                 // The claim slot goes with the outcome: the call that records
@@ -189,21 +249,31 @@ pub(super) fn forget_running(sh: &Shared, row: &Claimed) {
     }
 }
 
-/// A successor whose promotion did not happen (its predecessor's outcome
-/// was fenced: the predecessor's row was rescued or given back). It was
-/// never admitted and never started; its reservation, if the node still has
-/// it, goes back.
-pub(super) fn not_admitted(sh: &Shared, row: &Claimed) {
+/// A successor whose promotion did not happen, stopped if it had started:
+/// its queue was paused, or its predecessor's row was rescued or given back.
+/// Nothing it did is recorded; its reservation, if the node still has it,
+/// goes back, and its predecessor's outcome (`alone`), which did not apply
+/// without the promotion, is recorded on its own with the claim slot.
+fn not_admitted(
+    sh: &Shared,
+    row: &Claimed,
+    alone: Option<Box<OutcomeRow>>,
+    claim: OwnedSemaphorePermit,
+) {
     Stats::add(&sh.ctx.stats.not_admitted, 1);
-    tracing::warn!(
+    tracing::info!(
         id = row.id,
-        "a successor was not admitted (its predecessor's outcome was fenced); it goes back"
+        "a successor was not promoted (its queue paused, or its predecessor's row rescued); it goes back"
     );
     forget_held(sh, row);
     sh.successors(|s| {
         s.release(row);
         s.restore_dangling(vec![(row.id, row.token - 1)]);
     });
+    if let Some(mut alone) = alone {
+        alone.slot = Some(Arc::new(claim));
+        let _ = sh.outcomes.send(*alone);
+    }
 }
 
 /// How a step's run ended.

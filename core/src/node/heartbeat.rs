@@ -117,7 +117,8 @@ async fn stop_cancelled_steps(sh: &Shared, conn: &mut sqlx::PgConnection) -> Res
 }
 
 /// Stop the running steps whose claim the database no longer holds for this
-/// node (rescued while the node was presumed dead).
+/// node (rescued while the node was presumed dead). A successor runs here
+/// before its promotion, under the token the promotion gives its reservation.
 pub(super) async fn stop_lost_steps(sh: &Shared, conn: &mut sqlx::PgConnection) -> Result<()> {
     let ctx = &sh.ctx;
     let ours: HashSet<(i64, i64)> = ctx
@@ -125,8 +126,7 @@ pub(super) async fn stop_lost_steps(sh: &Shared, conn: &mut sqlx::PgConnection) 
         .held_by_node(&mut *conn, &ctx.cfg.node_id)
         .await?
         .iter()
-        .filter(|h| h.executing)
-        .map(|h| (h.row.id, h.row.token))
+        .map(|h| (h.row.id, h.row.token + !h.executing as i64))
         .collect();
     let lost: Vec<(i64, AbortHandle)> = lock(&sh.running)
         .iter()
