@@ -408,14 +408,22 @@ async fn a_successor_that_ends_its_process_is_counted() {
     assert!(first.errors.len() <= 1, "lost once at most: {first:?}");
 }
 
-/// A successor starts the moment its predecessor's step ends, before the
-/// call that promotes it commits (held back here by a lock on its row), and
-/// the database counts the key taken throughout: the predecessor stays
-/// executing until that call promotes the successor in its place.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_successor_starts_before_its_promotion_commits() {
+/// A node running one K = 1 key's rows: a first one (its outcome hands the
+/// key on, its step time known by then, so the node reserves a successor),
+/// one held until `release` is notified, and its successor, whose step is
+/// `successor` (`"pending"`: never returns; else 50 ms). Returns once the
+/// held row runs and its successor is reserved; `started` tells each start.
+struct HeldKey {
+    engine: gendurable::Engine,
+    schema: String,
+    ids: Vec<i64>,
+    started: tokio::sync::mpsc::UnboundedReceiver<i64>,
+    release: Arc<tokio::sync::Notify>,
+}
+
+async fn held_key(prefix: &str, successor: &str) -> HeldKey {
     let url = support::url();
-    let schema = support::schema("early");
+    let schema = support::schema(prefix);
     let (started_tx, mut started) = tokio::sync::mpsc::unbounded_channel();
     let release = Arc::new(tokio::sync::Notify::new());
     let hold = release.clone();
@@ -427,6 +435,7 @@ async fn a_successor_starts_before_its_promotion_commits() {
                 started.send(ctx.id).unwrap();
                 match state["role"].as_str() {
                     Some("held") => hold.notified().await,
+                    Some("pending") => std::future::pending().await,
                     _ => tokio::time::sleep(Duration::from_millis(50)).await,
                 }
                 Ok(Transition::done(state))
@@ -435,20 +444,18 @@ async fn a_successor_starts_before_its_promotion_commits() {
         .build()
         .await
         .unwrap();
-    // A first row (its outcome hands the key on, its step time known by
-    // then, so the node reserves a successor), the held one, its successor.
     let row =
         |role: &str| NewInstance::new("Job", json!({ "role": role })).concurrency_key("acct:1");
     let ids = engine
-        .insert_many(vec![row("first"), row("held"), row("next")])
+        .insert_many(vec![row("first"), row("held"), row(successor)])
         .await
         .unwrap();
-    let (held, next) = (ids[1], ids[2]);
     engine.start().await.unwrap();
     assert_eq!(started.recv().await, Some(ids[0]));
-    assert_eq!(started.recv().await, Some(held));
+    assert_eq!(started.recv().await, Some(ids[1]));
     let pool = engine.pool().clone();
     let sql = format!("SELECT node IS NOT NULL FROM \"{schema}\".instances WHERE id = $1");
+    let next = ids[2];
     support::eventually("the successor reserved", Duration::from_secs(30), || {
         let (pool, sql) = (pool.clone(), sql.clone());
         async move {
@@ -460,9 +467,31 @@ async fn a_successor_starts_before_its_promotion_commits() {
         }
     })
     .await;
+    HeldKey {
+        engine,
+        schema,
+        ids,
+        started,
+        release,
+    }
+}
 
+/// A successor starts the moment its predecessor's step ends, before the
+/// call that promotes it commits (held back here by a lock on its row), and
+/// the database counts the key taken throughout: the predecessor stays
+/// executing until that call promotes the successor in its place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_successor_starts_before_its_promotion_commits() {
+    let HeldKey {
+        engine,
+        schema,
+        ids,
+        mut started,
+        release,
+    } = held_key("early", "next").await;
+    let (held, next) = (ids[1], ids[2]);
     // Hold the successor's row: the call that would promote it waits.
-    let mut lock = pool.begin().await.unwrap();
+    let mut lock = engine.pool().begin().await.unwrap();
     sqlx::query(&format!(
         "SELECT 1 FROM \"{schema}\".instances WHERE id = $1 FOR UPDATE"
     ))
@@ -487,5 +516,35 @@ async fn a_successor_starts_before_its_promotion_commits() {
         );
     }
     assert_eq!(engine.stats().snapshot().successors, 1);
+    engine.shutdown().await.unwrap();
+}
+
+/// A reserved row cancelled before its predecessor ends starts as its
+/// successor all the same (it is flagged, like an executing row), is
+/// promoted, then stopped: it ends cancelled, and the key goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_successor_cancelled_while_reserved_is_stopped_once_started() {
+    let HeldKey {
+        engine,
+        ids,
+        mut started,
+        release,
+        ..
+    } = held_key("early_cancel", "pending").await;
+    let after = engine
+        .insert(NewInstance::new("Job", json!({})).concurrency_key("acct:1"))
+        .await
+        .unwrap();
+    engine.cancel(ids[2]).await.unwrap();
+    release.notify_one();
+    assert_eq!(started.recv().await, Some(ids[2]));
+    let cancelled = support::wait_final(&engine, ids[2]).await;
+    assert_eq!(cancelled.status, Status::Cancelled, "{cancelled:?}");
+    for id in [ids[0], ids[1], after] {
+        assert_eq!(
+            support::wait_final(&engine, id).await.status,
+            Status::Completed
+        );
+    }
     engine.shutdown().await.unwrap();
 }

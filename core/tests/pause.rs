@@ -55,7 +55,8 @@ async fn a_paused_queue_claims_nothing_until_resumed() {
         support::wait_final(&engine, first).await.status,
         Status::Completed
     );
-    // (It may still be reserved as the key's successor: not started.)
+    // (It may have been reserved as the key's successor, and started as the
+    // first ended: not promoted into the paused queue, it was stopped.)
     assert_eq!(engine.get(second).await.unwrap().status, Status::Available);
     // An insert on this idle node does not start its row here, and a drain
     // (the pick of any node) claims nothing.
