@@ -548,3 +548,49 @@ async fn a_successor_cancelled_while_reserved_is_stopped_once_started() {
     }
     engine.shutdown().await.unwrap();
 }
+
+/// A successor started as its predecessor ends, in a queue paused meanwhile,
+/// is not promoted: the node stops it, records the predecessor's outcome
+/// alone and gives the reservation back. It runs again once resumed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_successor_started_in_a_queue_paused_meanwhile_is_stopped() {
+    let HeldKey {
+        engine,
+        ids,
+        mut started,
+        release,
+        ..
+    } = held_key("early_pause", "next").await;
+    assert!(engine.pause_queue("default").await.unwrap());
+    release.notify_one();
+    assert_eq!(started.recv().await, Some(ids[2]));
+    assert_eq!(
+        support::wait_final(&engine, ids[1]).await.status,
+        Status::Completed,
+        "recorded alone"
+    );
+    let (e, id) = (engine.clone(), ids[2]);
+    support::eventually(
+        "the reservation given back",
+        Duration::from_secs(30),
+        || {
+            let e = e.clone();
+            async move { e.get(id).await.unwrap().node.is_none() }
+        },
+    )
+    .await;
+    let next = engine.get(ids[2]).await.unwrap();
+    assert_eq!(
+        (next.status, next.attempt),
+        (Status::Available, 0),
+        "{next:?}"
+    );
+    assert_eq!(engine.stats().snapshot().not_admitted, 1);
+    assert!(engine.resume_queue("default").await.unwrap());
+    assert_eq!(
+        started.recv().await,
+        Some(ids[2]),
+        "runs again once resumed"
+    );
+    engine.shutdown().await.unwrap();
+}
