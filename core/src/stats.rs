@@ -174,7 +174,8 @@ pub struct StatsSnapshot {
     /// `gendurable_rate_limited_total`).
     pub rate_limited: u64,
     /// Successors started in a freed slot whose promotion did not happen
-    /// (their predecessor's outcome was fenced): stopped, nothing recorded.
+    /// (their queue paused meanwhile, or their predecessor's row rescued):
+    /// stopped, nothing they did recorded.
     pub not_admitted: u64,
     /// Steps stopped because their claim was no longer this node's (the
     /// node had been presumed dead and the row rescued).
