@@ -37,6 +37,70 @@ impl Overlap {
     }
 }
 
+/// The database to work on, when this process is a child node started by
+/// `run_child`.
+fn child_mode() -> Option<(String, String)> {
+    Some((
+        std::env::var("GD_CHILD_URL").ok()?,
+        std::env::var("GD_CHILD_SCHEMA").ok()?,
+    ))
+}
+
+/// Child mode: a node (named for its schema) whose "Job" steps sleep 100 ms
+/// and are done, unless their state says `crash` (the process aborts) or
+/// `poison` (it exits). Run by `run_child`.
+#[tokio::test]
+async fn child_node() {
+    let Some((url, schema)) = child_mode() else {
+        return;
+    };
+    let engine = support::builder(&url, &schema)
+        .node_id(schema.as_str())
+        .queue("default", 4)
+        .workflow_fn("Job", |_step, state, _ctx| async move {
+            if state["crash"] == true {
+                std::process::abort();
+            }
+            if state["poison"] == true {
+                std::process::exit(3);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            Ok(Transition::done(state))
+        })
+        .start()
+        .await
+        .unwrap();
+    std::future::pending::<()>().await;
+    drop(engine);
+}
+
+/// Run `child_node` as a child process working on `schema`, until it exits,
+/// or `done` holds (it is then killed).
+async fn run_child(url: &str, schema: &str, done: &impl AsyncFn() -> bool) {
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child_node", "--nocapture"])
+        .env("GD_CHILD_URL", url)
+        .env("GD_CHILD_SCHEMA", schema)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut ended = false;
+    support::eventually(
+        "the child ends, or its work is done",
+        Duration::from_secs(60),
+        || {
+            ended = child.try_wait().unwrap().is_some();
+            async move { ended || done().await }
+        },
+    )
+    .await;
+    if !ended {
+        child.kill().unwrap();
+    }
+    child.wait().unwrap();
+}
+
 /// Case 2: one gate key in two queues of one node, with successors in play
 /// (the gate, not the node, is the limit, and steps outlast a call). A
 /// successor must stay in its own queue: one taken across queues ran on the
@@ -83,29 +147,6 @@ async fn successors_never_cross_queues() {
     engine.shutdown().await.unwrap();
 }
 
-/// Child mode: a node whose step kills its own process. Run by
-/// `a_step_that_kills_its_process_reaches_max_attempts`.
-#[tokio::test]
-async fn child_node_that_crashes() {
-    let (Ok(url), Ok(schema)) = (
-        std::env::var("GD_CRASH_URL"),
-        std::env::var("GD_CRASH_SCHEMA"),
-    ) else {
-        return; // not in child mode
-    };
-    let engine = support::builder(&url, &schema)
-        .node_id("crashy")
-        .queue("default", 1)
-        .workflow_fn("Crash", |_step, _state, _ctx| async move {
-            std::process::abort();
-        })
-        .start()
-        .await
-        .unwrap();
-    std::future::pending::<()>().await;
-    drop(engine);
-}
-
 /// Case 5: a step that kills its process, restarted under the same node id
 /// within the lease (as a supervisor does). Each crash is an attempt, so the
 /// instance is discarded at max_attempts with every crash recorded, instead
@@ -116,32 +157,16 @@ async fn a_step_that_kills_its_process_reaches_max_attempts() {
     let schema = support::schema("crashloop");
     let client = support::builder(&url, &schema).build().await.unwrap();
     let id = client
-        .insert(NewInstance::new("Crash", json!({})).max_attempts(3))
+        .insert(NewInstance::new("Job", json!({ "crash": true })).max_attempts(3))
         .await
         .unwrap();
+    // Until the child crashes, or takes the instance back and finds it has
+    // had its attempts.
     for _ in 0..6 {
-        let mut child = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "child_node_that_crashes", "--nocapture"])
-            .env("GD_CRASH_URL", &url)
-            .env("GD_CRASH_SCHEMA", &schema)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        // Until the child crashes, or takes the instance back and finds it
-        // has had its attempts.
-        loop {
-            if child.try_wait().unwrap().is_some() {
-                break;
-            }
-            if client.get(id).await.unwrap().status == Status::Discarded {
-                child.kill().unwrap();
-                child.wait().unwrap();
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        if client.get(id).await.unwrap().status == Status::Discarded {
+        let c = client.clone();
+        let discarded = async move || c.get(id).await.unwrap().status == Status::Discarded;
+        run_child(&url, &schema, &discarded).await;
+        if discarded().await {
             break;
         }
     }
@@ -305,33 +330,6 @@ async fn a_rate_limited_backlog_drains_without_polling() {
     engine.shutdown().await.unwrap();
 }
 
-/// Child mode: a node whose steps sleep 100 ms, except one marked `poison`,
-/// which ends the process. Run by `a_successor_that_ends_its_process_is_counted`.
-#[tokio::test]
-async fn child_node_with_a_poison_pill() {
-    let (Ok(url), Ok(schema)) = (
-        std::env::var("GD_POISON_URL"),
-        std::env::var("GD_POISON_SCHEMA"),
-    ) else {
-        return; // not in child mode
-    };
-    let engine = support::builder(&url, &schema)
-        .node_id("poisoned")
-        .queue("default", 4)
-        .workflow_fn("Job", |_step, state, _ctx| async move {
-            if state["poison"] == true {
-                std::process::exit(3);
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            Ok(Transition::done(state))
-        })
-        .start()
-        .await
-        .unwrap();
-    std::future::pending::<()>().await;
-    drop(engine);
-}
-
 /// A successor starts before the call that promotes it commits, so a step
 /// that ends its process there has not been counted yet. Its reservation,
 /// taken back when the node's next process starts, is marked cautious: it
@@ -372,36 +370,14 @@ async fn a_successor_that_ends_its_process_is_counted() {
             "the poison pill is still not discarded after 8 processes"
         );
         engine.insert(key(false, 0)).await.unwrap();
-        let mut child = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "child_node_with_a_poison_pill", "--nocapture"])
-            .env("GD_POISON_URL", &url)
-            .env("GD_POISON_SCHEMA", &schema)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
         // Until the pill ends the process, or is discarded (the process then
         // idles).
         let e = engine.clone();
-        let mut ended = false;
-        support::eventually(
-            "the child ends or the pill is final",
-            Duration::from_secs(60),
-            || {
-                ended = child.try_wait().unwrap().is_some();
-                let e = e.clone();
-                async move { ended || e.get(pill).await.unwrap().status.is_final() }
-            },
-        )
-        .await;
-        if !ended {
-            child.kill().unwrap();
-        }
-        child.wait().unwrap();
+        let done = async move || e.get(pill).await.unwrap().status.is_final();
+        run_child(&url, &schema, &done).await;
     }
     // The last process took the pill back at its start, counted out.
     let pill = engine.get(pill).await.unwrap();
-
     assert_eq!(pill.status, Status::Discarded, "{pill:?}");
     let first = engine.get(ids[0]).await.unwrap();
     assert_eq!(first.status, Status::Completed, "{first:?}");
