@@ -932,7 +932,9 @@ defmodule GenDurable do
   Pauses `queue` cluster-wide: no node claims from it (nor starts an
   instance inserted into it at once, nor hands a freed key to one of its
   instances) until `resume_queue/2`. Steps already running or claimed
-  finish and record their outcomes; inserts go on. The pause is stored, so
+  finish and record their outcomes (a key's next instance that a node
+  started as the one before it ended is stopped instead, and runs again
+  once resumed); inserts go on. The pause is stored, so
   it holds for every node and across restarts. Returns `{:ok, true}` if the
   queue was running, `{:ok, false}` if it was paused already. Options:
   `:engine`.

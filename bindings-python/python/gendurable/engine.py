@@ -1149,7 +1149,9 @@ class Engine:
     def pause_queue(self, queue: str) -> bool:
         """Pause ``queue`` cluster-wide: no node claims from it (nor starts an
         instance inserted into it at once) until :meth:`resume_queue`. Steps
-        already running finish and record their outcomes; inserts go on. The
+        already running finish and record their outcomes (a key's next
+        instance that a node started as the one before it ended is stopped
+        instead, and runs again once resumed); inserts go on. The
         pause is stored, so it holds across restarts. Returns whether the
         queue was running (``False``: it was paused already)."""
         _check_fork()

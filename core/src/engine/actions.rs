@@ -246,8 +246,10 @@ impl Engine {
 
     /// Pause `queue` cluster-wide: no node claims from it (nor starts an
     /// inserted row of it at once) until it is resumed; steps running or
-    /// already claimed finish and record their outcomes. Persisted. Returns
-    /// whether it was running.
+    /// already claimed finish and record their outcomes. A key's successor
+    /// that a node started as its predecessor ended is stopped instead (it
+    /// is not promoted into a paused queue) and runs again once resumed.
+    /// Persisted. Returns whether it was running.
     pub async fn pause_queue(&self, queue: &str) -> Result<bool> {
         validate::name("queue", queue)?;
         Ok(sqlx::query_scalar(&self.ctx.store.sql.pause)
