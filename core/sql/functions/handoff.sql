@@ -129,14 +129,16 @@ BEGIN
         -- The named successors the promotion below will take (its
         -- conditions, locked here so that nothing changes them meanwhile):
         -- the outcomes naming the others do not apply, and their node stops
-        -- the successor and records the outcome alone.
+        -- the successor and records the outcome alone. Each through the
+        -- primary key (`status || ''`: no index of available rows, which a
+        -- backlog can fill, is a candidate whatever the statistics say).
         IF jsonb_path_exists(outcomes, '$[*].next') THEN
             SELECT coalesce(array_agg(s.id), '{}') INTO e_ok FROM (
                 SELECT i.id
                 FROM jsonb_to_recordset(outcomes) AS o(id bigint, hkey text, next bigint, ntoken bigint)
                 JOIN instances p ON p.id = o.id
                 JOIN instances i ON i.id = o.next
-                WHERE i.status = 'available' AND i.node = node_id AND i.token = o.ntoken
+                WHERE i.status || '' = 'available' AND i.node = node_id AND i.token = o.ntoken
                   AND i.concurrency_key = o.hkey AND i.queue = p.queue
                   AND NOT (i.queue = ANY (coalesce(paused, '{}')))
                 ORDER BY i.id
