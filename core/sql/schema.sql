@@ -33,7 +33,7 @@ CREATE FUNCTION gendurable.handoff(plain_ids bigint[], plain_tokens bigint[], pl
     SET search_path TO 'gendurable'
     SET plan_cache_mode TO 'force_generic_plan'
     SET jit TO 'off'
-    AS -- sql/functions/handoff.sql, source md5 f7332bef633b9b0c4250548b74ee9650
+    AS -- sql/functions/handoff.sql, source md5 c8ddf028df3eb0113d50cfade9d3d4db
 ;
 
 CREATE FUNCTION gendurable.key_room(keys text[], gate_names text[], gate_limits integer[]) RETURNS TABLE(key text, room integer)

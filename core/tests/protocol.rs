@@ -77,7 +77,7 @@ async fn handoff_as(
 /// node sends them: in the call's typed arrays, not in `outcomes`.
 #[allow(clippy::too_many_arguments)]
 async fn call_as(
-    pool: &PgPool,
+    db: impl sqlx::PgExecutor<'_>,
     schema: &str,
     node: &str,
     plain: &[(i64, i64, Option<&str>, Value)],
@@ -112,7 +112,7 @@ async fn call_as(
     .bind(&plain_tokens)
     .bind(&plain_steps)
     .bind(&plain_states)
-    .fetch_all(pool)
+    .fetch_all(db)
     .await
     .unwrap();
     let mut call = Call::default();
@@ -414,6 +414,54 @@ async fn a_successor_is_admitted_only_with_its_predecessors_outcome() {
         1
     );
     assert_eq!(row(pool, &schema, p).await.0, "completed");
+}
+
+/// The successors a call may promote are read through the primary key only:
+/// on statistics that say no row is available (sampled from a table of
+/// finished rows), the planner would otherwise read them through an index of
+/// every available row, which a backlog fills.
+#[tokio::test]
+async fn successors_are_read_through_the_primary_key_only() {
+    let (engine, schema) = engine("promote_plan").await;
+    let pool = engine.pool();
+    let key = || NewInstance::new("Job", json!({})).concurrency_key("acct:1");
+    let finished = (0..2000).map(|_| NewInstance::new("Job", json!({})));
+    engine.insert_many(finished.collect()).await.unwrap();
+    sqlx::raw_sql(&format!(
+        "UPDATE \"{schema}\".instances SET status = 'completed', finished_at = now();
+         ANALYZE \"{schema}\".instances"
+    ))
+    .execute(pool)
+    .await
+    .unwrap();
+    let ids = engine.insert_many(vec![key(), key()]).await.unwrap();
+    let first = handoff(pool, &schema, json!([]), 1, true, &[]).await;
+    assert_eq!(
+        (first.claimed, first.reserved),
+        (vec![(ids[0], 1)], vec![(ids[1], 1)])
+    );
+
+    let mut tx = pool.begin().await.unwrap();
+    let done = json!([{"id": ids[0], "token": 1, "kind": "done", "status": "completed",
+                       "state": {}, "hkey": "acct:1", "next": ids[1], "ntoken": 1}]);
+    let call = call_as(&mut *tx, &schema, NODE, &[], done, 0, false, &[]).await;
+    assert_eq!((call.written, call.promoted), (1, vec![ids[1]]));
+    // Scans this transaction made of the indexes of available rows (the
+    // planner's look at a key's bounds in instances_key_heads, one short
+    // read, aside).
+    let scans: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT c.relname::text, pg_stat_get_xact_numscans(c.oid)
+         FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+         WHERE n.nspname = $1
+           AND c.relname IN ('instances_pick', 'instances_key_next', 'instances_reserved')
+         ORDER BY 1",
+    )
+    .bind(&schema)
+    .fetch_all(&mut *tx)
+    .await
+    .unwrap();
+    tx.rollback().await.unwrap();
+    assert!(scans.iter().all(|(_, n)| *n == 0), "{scans:?}");
 }
 
 /// A successor is not promoted into a paused queue, and the outcome naming

@@ -237,7 +237,8 @@ BEGIN
     -- Promote the successors started in freed slots: each takes its
     -- predecessor's shard (same key, same queue, so no counter changes). The
     -- predecessor left 'executing' in the statement above, so the K = 1 index
-    -- sees one executing row per key throughout.
+    -- sees one executing row per key throughout. Through the primary key, as
+    -- above.
     IF f_next IS NOT NULL THEN
         WITH p AS (
             SELECT p.* FROM unnest(f_next, f_ntoken, f_shard, f_key, f_queue) AS p(id, ntoken, shard, key, queue)
@@ -247,7 +248,7 @@ BEGIN
             SET status = 'executing', attempt = i.attempt + 1, attempted_at = now(), gate_shard = p.shard,
                 token = i.token + 1
             FROM p
-            WHERE i.id = p.id AND i.status = 'available' AND i.node = node_id AND i.token = p.ntoken
+            WHERE i.id = p.id AND i.status || '' = 'available' AND i.node = node_id AND i.token = p.ntoken
               AND i.concurrency_key = p.key AND i.queue = p.queue
               AND NOT (p.queue = ANY (coalesce(paused, '{}')))
             RETURNING i.id, i.concurrency_key, i.gate_shard
