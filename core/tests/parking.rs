@@ -460,16 +460,8 @@ async fn heads_are_read_through_their_own_index_only() {
         rooms.push((keys, rates));
     }
     // Scans this transaction made of the indexes of all available rows.
-    let scans: Vec<(String, i64)> = sqlx::query_as(
-        "SELECT c.relname::text, pg_stat_get_xact_numscans(c.oid)
-         FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-         WHERE n.nspname = $1 AND c.relname IN ('instances_pick', 'instances_key_next')
-         ORDER BY 1",
-    )
-    .bind(&schema)
-    .fetch_all(&mut *tx)
-    .await
-    .unwrap();
+    let scans =
+        support::index_scans(&mut tx, &schema, &["instances_pick", "instances_key_next"]).await;
     tx.rollback().await.unwrap();
     assert_eq!(
         scans,

@@ -449,17 +449,8 @@ async fn successors_are_read_through_the_primary_key_only() {
     // Scans this transaction made of the indexes of available rows (the
     // planner's look at a key's bounds in instances_key_heads, one short
     // read, aside).
-    let scans: Vec<(String, i64)> = sqlx::query_as(
-        "SELECT c.relname::text, pg_stat_get_xact_numscans(c.oid)
-         FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-         WHERE n.nspname = $1
-           AND c.relname IN ('instances_pick', 'instances_key_next', 'instances_reserved')
-         ORDER BY 1",
-    )
-    .bind(&schema)
-    .fetch_all(&mut *tx)
-    .await
-    .unwrap();
+    let indexes = ["instances_pick", "instances_key_next", "instances_reserved"];
+    let scans = support::index_scans(&mut tx, &schema, &indexes).await;
     tx.rollback().await.unwrap();
     assert!(scans.iter().all(|(_, n)| *n == 0), "{scans:?}");
 }

@@ -188,3 +188,23 @@ pub async fn wait_count(pool: &sqlx::PgPool, schema: &str, status: &str, n: i64)
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// Scans this transaction made of each index of `schema` named in `indexes`,
+/// by name.
+pub async fn index_scans(
+    tx: &mut sqlx::PgConnection,
+    schema: &str,
+    indexes: &[&str],
+) -> Vec<(String, i64)> {
+    sqlx::query_as(
+        "SELECT c.relname::text, pg_stat_get_xact_numscans(c.oid)
+         FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+         WHERE n.nspname = $1 AND c.relname = ANY ($2)
+         ORDER BY 1",
+    )
+    .bind(schema)
+    .bind(indexes)
+    .fetch_all(tx)
+    .await
+    .unwrap()
+}
