@@ -103,14 +103,9 @@ pub(super) fn spawn_step(
         // may run elsewhere already. (A successor is given back once
         // promoted: its predecessor's outcome applies only with it.)
         let Some(run) = run.filter(|_| sh.live.is_live()) else {
-            if let Some(a) = admission.as_mut() {
-                if !a.promoted().await {
-                    not_admitted(&sh, &row, a.alone.take(), claim);
-                    return;
-                }
+            if admitted(&sh, &row, &mut admission, claim).await.is_some() {
+                release_unstarted(&sh, vec![row]);
             }
-            drop(claim);
-            release_unstarted(&sh, vec![row]);
             return;
         };
         // Never two runs of one instance here: a run still going on an
@@ -163,12 +158,9 @@ pub(super) fn spawn_step(
         };
         sh.prefetch[&row.queue].ran(began.elapsed());
         forget_running(&sh, &row);
-        if let Some(a) = admission.as_mut() {
-            if !a.promoted().await {
-                not_admitted(&sh, &row, a.alone.take(), claim);
-                return;
-            }
-        }
+        let Some(claim) = admitted(&sh, &row, &mut admission, claim).await else {
+            return;
+        };
         let stop = *lock(&stopped);
         let aborted = matches!(result, Ended::Stopped);
         if aborted && timed_out.is_none() && stop.is_none() && !sh.shutdown.is_cancelled() {
@@ -247,6 +239,24 @@ pub(super) fn forget_running(sh: &Shared, row: &Claimed) {
     if running.get(&row.id).is_some_and(|r| r.token == row.token) {
         running.remove(&row.id);
     }
+}
+
+/// Hands `claim` back unless `row` is a successor its promotion's call did
+/// not promote (waiting for that answer): then it goes back (`not_admitted`).
+async fn admitted(
+    sh: &Shared,
+    row: &Claimed,
+    admission: &mut Option<Admission>,
+    claim: OwnedSemaphorePermit,
+) -> Option<OwnedSemaphorePermit> {
+    let Some(a) = admission else {
+        return Some(claim);
+    };
+    if a.promoted().await {
+        return Some(claim);
+    }
+    not_admitted(sh, row, a.alone.take(), claim);
+    None
 }
 
 /// A successor whose promotion did not happen, stopped if it had started:
