@@ -374,3 +374,67 @@ async fn an_insert_given_up_that_committed_later_runs_the_rows_it_claimed_here()
     support::wait_count(&observer, &schema, "completed", 21).await;
     node.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_the_server_refused_keeps_its_connection() {
+    let schema = support::schema("refused");
+    let url = support::url();
+    // One connection, so that every call runs on the same one unless a
+    // failure closes it.
+    let client = support::builder(&url, &schema)
+        .max_connections(1)
+        .build()
+        .await
+        .unwrap();
+    let admin = sqlx::PgPool::connect(&url).await.unwrap();
+    sqlx::query(&format!(
+        "ALTER TABLE \"{schema}\".instances ADD CONSTRAINT refused CHECK (NOT state ? 'refused')"
+    ))
+    .execute(&admin)
+    .await
+    .unwrap();
+    let backend = || async {
+        sqlx::query_scalar::<_, i32>("SELECT pg_backend_pid()")
+            .fetch_one(client.pool())
+            .await
+            .unwrap()
+    };
+    let before = backend().await;
+
+    // Refused alone, and inside the transaction of a unique insert (the row
+    // before it rolled back with it).
+    let refused = NewInstance::new("Noop", json!({ "refused": true }));
+    let alone = client.insert(refused.clone()).await.unwrap_err();
+    let unique = gendurable::Unique::new();
+    let batch = client
+        .insert_many(vec![
+            NewInstance::new("Noop", json!({ "i": 1 })).unique(unique.clone()),
+            refused.unique(unique),
+        ])
+        .await
+        .unwrap_err();
+    for e in [&alone, &batch] {
+        assert!(e.to_string().contains("refused"), "{e}");
+        assert!(!e.is_transient(), "{e}");
+    }
+    assert_eq!(
+        backend().await,
+        before,
+        "a refused call closed its connection"
+    );
+
+    // The connection goes on: the next insert runs on it, and the refused
+    // batch left nothing behind.
+    client
+        .insert(NewInstance::new("Noop", json!({ "i": 2 })))
+        .await
+        .unwrap();
+    assert_eq!(backend().await, before);
+    let states: Vec<serde_json::Value> = sqlx::query_scalar(&format!(
+        "SELECT state FROM \"{schema}\".instances ORDER BY id"
+    ))
+    .fetch_all(&admin)
+    .await
+    .unwrap();
+    assert_eq!(states, vec![json!({ "i": 2 })]);
+}

@@ -39,10 +39,12 @@ impl<'p> Pass<'p> {
 
     /// Run `call` on the pass's connection (taken from the pool first if it
     /// has none), giving up once the wait for a connection and the call took
-    /// `limit`. A connection whose call failed or was given up is closed: it
-    /// may be broken, and the pool's check of it on return may wait forever
-    /// as well.
-    pub async fn call<T, E: From<sqlx::Error>>(
+    /// `limit`. A connection whose call was given up, or failed otherwise
+    /// than by the server's answer, is closed: it may be broken, and the
+    /// pool's check of it on return may wait forever as well. One whose call
+    /// the server refused (a constraint, a trigger, a lock timeout) stays:
+    /// a transaction the call dropped is rolled back before its next call.
+    pub async fn call<T, E: From<sqlx::Error> + Answered>(
         &mut self,
         call: impl AsyncFnOnce(&mut PgConnection) -> Result<T, E>,
     ) -> Result<T, E> {
@@ -59,13 +61,46 @@ impl<'p> Pass<'p> {
                 Ok(v)
             }
             Ok(Err(e)) => {
-                close_now(conn);
+                if e.answered() {
+                    self.conn = Some(conn);
+                } else {
+                    close_now(conn);
+                }
                 Err(e)
             }
             Err(_) => {
                 close_now(conn);
                 Err(unanswered(self.limit).into())
             }
+        }
+    }
+}
+
+/// Whether a call's error is the server's answer to it, which leaves its
+/// connection fit for the next call, rather than a broken, stalled or
+/// closing connection.
+pub(crate) trait Answered {
+    fn answered(&self) -> bool;
+}
+
+impl Answered for sqlx::Error {
+    fn answered(&self) -> bool {
+        // Class 08 (connection exception) and 57P (the server shutting
+        // down, crashed or restarting) end the connection.
+        matches!(self, sqlx::Error::Database(db)
+            if !db.code().is_some_and(|c| c.starts_with("08") || c.starts_with("57P")))
+    }
+}
+
+impl Answered for crate::Error {
+    fn answered(&self) -> bool {
+        match self {
+            crate::Error::Database(e) => e.answered(),
+            // The call's own refusal: the connection is as fit as after a success.
+            crate::Error::InvalidInput { .. }
+            | crate::Error::NotFound(_)
+            | crate::Error::Contended(_) => true,
+            _ => false,
         }
     }
 }
