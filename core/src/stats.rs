@@ -177,8 +177,9 @@ pub struct StatsSnapshot {
     /// (their queue paused meanwhile, or their predecessor's row rescued):
     /// stopped, nothing they did recorded.
     pub not_admitted: u64,
-    /// Steps stopped because their claim was no longer this node's (the
-    /// node had been presumed dead and the row rescued).
+    /// Steps stopped because their claim was, or may soon be, no longer
+    /// this node's: the node could not heartbeat within its lease (its rows
+    /// may be rescued), or it had been presumed dead and the row rescued.
     pub stopped: u64,
     /// Steps started on this node.
     pub steps_started: u64,

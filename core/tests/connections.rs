@@ -8,7 +8,7 @@ mod support;
 use gendurable::{CronEntry, EngineBuilder, NewInstance, Transition};
 use serde_json::json;
 use sqlx::ConnectOptions;
-use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -117,10 +117,12 @@ async fn kept_claim_connections_that_broke_are_replaced() {
 /// stop answering, as after a failover or a dropped NAT mapping that closed
 /// nothing: after [`Stalling::stall`], every connection open then has its
 /// bytes read and never forwarded, its sockets left open; connections opened
-/// later pass.
+/// later pass. While [`Stalling::cut_off`], new connections stall too, as a
+/// host cut off from the database sees it.
 struct Stalling {
     url: String,
     epoch: Arc<AtomicU64>,
+    cut: Arc<AtomicBool>,
     accept: tokio::task::JoinHandle<()>,
 }
 
@@ -135,8 +137,9 @@ impl Stalling {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let epoch = Arc::new(AtomicU64::new(0));
+        let cut = Arc::new(AtomicBool::new(false));
         let accept = tokio::spawn({
-            let (epoch, target) = (epoch.clone(), target.clone());
+            let (epoch, cut, target) = (epoch.clone(), cut.clone(), target.clone());
             async move {
                 loop {
                     let Ok((client, _)) = listener.accept().await else {
@@ -148,14 +151,20 @@ impl Stalling {
                     let born = epoch.load(SeqCst);
                     let (cr, cw) = client.into_split();
                     let (sr, sw) = server.into_split();
-                    tokio::spawn(pump(cr, sw, born, epoch.clone()));
-                    tokio::spawn(pump(sr, cw, born, epoch.clone()));
+                    let alive = Alive {
+                        born,
+                        epoch: epoch.clone(),
+                        cut: cut.clone(),
+                    };
+                    tokio::spawn(pump(cr, sw, alive.clone()));
+                    tokio::spawn(pump(sr, cw, alive));
                 }
             }
         });
         Stalling {
             url: opts.host("127.0.0.1").port(port).to_url_lossy().to_string(),
             epoch,
+            cut,
             accept,
         }
     }
@@ -163,6 +172,33 @@ impl Stalling {
     /// Every connection open now stops answering.
     fn stall(&self) {
         self.epoch.fetch_add(1, SeqCst);
+    }
+
+    /// Every connection open now, and every one opened until `reconnect`,
+    /// stops answering.
+    fn cut_off(&self) {
+        self.cut.store(true, SeqCst);
+        self.stall();
+    }
+
+    /// Connections opened from now on pass again.
+    fn reconnect(&self) {
+        self.cut.store(false, SeqCst);
+    }
+}
+
+/// Whether a proxied connection still forwards: it was opened in the
+/// current epoch and the proxy is not cut off.
+#[derive(Clone)]
+struct Alive {
+    born: u64,
+    epoch: Arc<AtomicU64>,
+    cut: Arc<AtomicBool>,
+}
+
+impl Alive {
+    fn forwards(&self) -> bool {
+        self.epoch.load(SeqCst) == self.born && !self.cut.load(SeqCst)
     }
 }
 
@@ -179,16 +215,16 @@ async fn stalling(prefix: &str) -> (String, String, Stalling) {
     (support::schema(prefix), base, proxy)
 }
 
-/// Forward bytes until the connection's epoch has passed; then hold on to
-/// what comes, forever.
-async fn pump(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, born: u64, epoch: Arc<AtomicU64>) {
+/// Forward bytes while the connection forwards; then hold on to what comes,
+/// forever.
+async fn pump(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, alive: Alive) {
     let mut buf = vec![0u8; 16 * 1024];
     loop {
         let n = match from.read(&mut buf).await {
             Ok(0) | Err(_) => return,
             Ok(n) => n,
         };
-        if epoch.load(SeqCst) != born {
+        if !alive.forwards() {
             std::future::pending::<()>().await;
         }
         if to.write_all(&buf[..n]).await.is_err() {
@@ -437,4 +473,131 @@ async fn a_call_the_server_refused_keeps_its_connection() {
     .await
     .unwrap();
     assert_eq!(states, vec![json!({ "i": 2 })]);
+}
+
+/// A node cut off from the database (its host's network, not the server,
+/// failed) is presumed dead once its lease runs out, and another node runs
+/// its rows. It stops its own steps before that: a heartbeat interval before
+/// its lease would run out by its own clock, as it stops starting work.
+/// Without that, its step and the rescued one would both be running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_cut_off_stops_its_steps_before_they_run_elsewhere() {
+    let (schema, base, proxy) = stalling("cut_off").await;
+    let seen = Running::default();
+    // The step on the node cut off holds on until it is stopped; the
+    // rescued one is done at once.
+    let holder = |node: &'static str, hold: bool| {
+        let seen = seen.clone();
+        move |_step: String, state: serde_json::Value, _ctx: gendurable::StepContext| {
+            let seen = seen.clone();
+            async move {
+                let _running = seen.enter(node);
+                if hold {
+                    std::future::pending::<()>().await;
+                }
+                Ok(Transition::done(state))
+            }
+        }
+    };
+    // The node stops its steps a heartbeat interval before the others may
+    // presume it dead: 700 ms here, for a loaded machine.
+    let node = |url: &str, id: &str| {
+        support::builder(url, &schema)
+            .node_id(id)
+            .heartbeat_interval(Duration::from_millis(700))
+            .queue("default", 4)
+    };
+    let a = node(&proxy.url, "a")
+        .workflow_fn("Hold", holder("a", true))
+        .start()
+        .await
+        .unwrap();
+    let id = a
+        .insert(NewInstance::new("Hold", json!({})).concurrency_key("acct:1"))
+        .await
+        .unwrap();
+    seen.wait_for("a").await;
+    let b = node(&base, "b")
+        .workflow_fn("Hold", holder("b", false))
+        .start()
+        .await
+        .unwrap();
+
+    proxy.cut_off();
+    seen.wait_for("b").await;
+    assert_eq!(seen.most(), 1, "the step ran on both nodes at once");
+    let observer = sqlx::PgPool::connect(&base).await.unwrap();
+    support::wait_count(&observer, &schema, "completed", 1).await;
+
+    // Rescued from node a, whose own record of the stop, written once it
+    // reaches the database again, is fenced: its claim is no longer its own.
+    proxy.reconnect();
+    a.shutdown().await.unwrap();
+    let a_stats = a.stats().snapshot();
+    assert_eq!((a_stats.stopped, a_stats.fenced), (1, 1), "{a_stats:?}");
+    let done = b.get(id).await.unwrap();
+    let kinds: Vec<_> = done
+        .errors
+        .iter()
+        .map(|e| (&e["kind"], &e["node"]))
+        .collect();
+    assert_eq!(kinds, vec![(&json!("lost"), &json!("a"))], "{done:?}");
+    b.shutdown().await.unwrap();
+}
+
+/// Which nodes run a step now, which ever did, and the most that ran at
+/// once.
+#[derive(Clone, Default)]
+struct Running(Arc<std::sync::Mutex<Seen>>, Arc<tokio::sync::Notify>);
+
+#[derive(Default)]
+struct Seen {
+    now: Vec<&'static str>,
+    ever: Vec<&'static str>,
+    most: usize,
+}
+
+/// A step's run on a node, until dropped.
+struct Run(Running, &'static str);
+
+impl Drop for Run {
+    fn drop(&mut self) {
+        let mut g = self.0 .0.lock().unwrap();
+        if let Some(at) = g.now.iter().position(|n| *n == self.1) {
+            g.now.remove(at);
+        }
+    }
+}
+
+impl Running {
+    fn enter(&self, node: &'static str) -> Run {
+        {
+            let mut g = self.0.lock().unwrap();
+            g.now.push(node);
+            g.ever.push(node);
+            g.most = g.most.max(g.now.len());
+        }
+        self.1.notify_waiters();
+        Run(self.clone(), node)
+    }
+
+    fn most(&self) -> usize {
+        self.0.lock().unwrap().most
+    }
+
+    /// Wait until a step started on `node` (at most a minute).
+    async fn wait_for(&self, node: &'static str) {
+        let started = async {
+            loop {
+                let notified = self.1.notified();
+                if self.0.lock().unwrap().ever.contains(&node) {
+                    return;
+                }
+                notified.await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(60), started)
+            .await
+            .unwrap_or_else(|_| panic!("no step started on node {node}"));
+    }
 }

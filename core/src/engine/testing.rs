@@ -222,7 +222,7 @@ async fn drain(
             continue;
         };
         let (result, timed_out) = UserStep::new(&workflow, &mut row).run(&ctx.cfg, &row).await;
-        let outcome = outcome_of(&ctx.cfg, &row, &*workflow, result, false, timed_out);
+        let outcome = outcome_of(&ctx.cfg, &row, &*workflow, result, None, timed_out);
         done.count(&outcome);
         outcomes.push(outcome);
     }

@@ -99,15 +99,6 @@ pub(super) fn spawn_step(
             },
         };
         let mut admission = admission;
-        // A node that may have been presumed dead starts nothing: its rows
-        // may run elsewhere already. (A successor is given back once
-        // promoted: its predecessor's outcome applies only with it.)
-        let Some(run) = run.filter(|_| sh.live.is_live()) else {
-            if admitted(&sh, &row, &mut admission, claim).await.is_some() {
-                release_unstarted(&sh, vec![row]);
-            }
-            return;
-        };
         // Never two runs of one instance here: a run still going on an
         // earlier claim of the row (rescued meanwhile) is stopped first.
         let prior = lock(&sh.running)
@@ -121,21 +112,41 @@ pub(super) fn spawn_step(
             abort.abort();
             ended.cancelled().await;
         }
-        sh.prefetch[&row.queue].started();
-        let began = Instant::now();
-        Stats::add(&sh.ctx.stats.steps_started, 1);
         let user = UserStep::new(&workflow, &mut row);
         let ended = CancellationToken::new();
         let stopped = Arc::new(StdMutex::new(None));
-        lock(&sh.running).insert(
-            row.id,
-            Running {
-                token: row.token,
-                abort: user.abort.clone(),
-                stopped: stopped.clone(),
-                ended: ended.clone(),
-            },
-        );
+        // A node that may have been presumed dead starts nothing: its rows
+        // may run elsewhere already. Checked under the lock the lapse watch
+        // stops running steps under, so none starts after it. (A successor
+        // is given back once promoted: its predecessor's outcome applies
+        // only with it.)
+        let run = run.filter(|_| {
+            let mut running = lock(&sh.running);
+            let live = sh.live.is_live();
+            if live {
+                running.insert(
+                    row.id,
+                    Running {
+                        token: row.token,
+                        abort: user.abort.clone(),
+                        stopped: stopped.clone(),
+                        ended: ended.clone(),
+                    },
+                );
+            }
+            live
+        });
+        let Some(run) = run else {
+            // Nothing of the row's state is needed to give it back.
+            drop(user);
+            if admitted(&sh, &row, &mut admission, claim).await.is_some() {
+                release_unstarted(&sh, vec![row]);
+            }
+            return;
+        };
+        sh.prefetch[&row.queue].started();
+        let began = Instant::now();
+        Stats::add(&sh.ctx.stats.steps_started, 1);
         let _ended = ended.drop_guard();
         let abort = user.abort.clone();
         let stepping = user.run(&sh.ctx.cfg, &row);
@@ -170,14 +181,7 @@ pub(super) fn spawn_step(
             sh.successors(|s| s.release(&row));
             return;
         }
-        let mut outcome = outcome_of(
-            &sh.ctx.cfg,
-            &row,
-            &*workflow,
-            result,
-            stop == Some(Stop::Cancelled),
-            timed_out,
-        );
+        let mut outcome = outcome_of(&sh.ctx.cfg, &row, &*workflow, result, stop, timed_out);
         let stats = &sh.ctx.stats;
         stats.step_time.record(began.elapsed());
         match (outcome.status, outcome.error.is_some()) {
@@ -380,13 +384,14 @@ impl UserStep {
 }
 
 /// The outcome of a step's run: its transition, else what ended it (a
-/// panic, a cancellation, its timeout, the shutdown).
+/// panic, a cancellation, the node's lapsed heartbeat, its timeout, the
+/// shutdown).
 pub(crate) fn outcome_of(
     cfg: &EngineConfig,
     row: &Claimed,
     workflow: &dyn Workflow,
     result: Ended,
-    cancelled: bool,
+    stop: Option<Stop>,
     timed_out: Option<Duration>,
 ) -> OutcomeRow {
     match result {
@@ -403,11 +408,21 @@ pub(crate) fn outcome_of(
         Ended::Panicked(message) => {
             OutcomeRow::failure(row, cfg, "panic", format!("panic: {message}"))
         }
-        Ended::Stopped if cancelled => OutcomeRow::failure(
+        Ended::Stopped if stop == Some(Stop::Cancelled) => OutcomeRow::failure(
             row,
             cfg,
             "cancel",
             "cancelled while running: the step was stopped".into(),
+        ),
+        Ended::Stopped if stop == Some(Stop::Lapsed) => OutcomeRow::failure(
+            row,
+            cfg,
+            "lease",
+            format!(
+                "stopped: this node could not heartbeat for {:?} (its lease {:?} less a heartbeat interval), so the row could be rescued and run elsewhere",
+                cfg.lease.saturating_sub(cfg.heartbeat_interval),
+                cfg.lease
+            ),
         ),
         Ended::Stopped => match timed_out {
             Some(limit) => OutcomeRow::failure(

@@ -2,7 +2,7 @@
 //! own, and what the node does after a gap in which it may have been
 //! presumed dead.
 
-use super::{lock, Backoff, Shared};
+use super::{lock, Backoff, Shared, Stop};
 use crate::context::Context;
 use crate::error::Result;
 use crate::stats::Stats;
@@ -99,6 +99,35 @@ pub(super) async fn heartbeats(sh: Arc<Shared>, stop: CancellationToken) {
             _ = tokio::time::sleep(pause) => {}
             _ = stop.cancelled() => return,
         }
+    }
+}
+
+/// Stop every running step once the node is no longer live by its own clock:
+/// a heartbeat interval before its lease runs out, counted from the last
+/// heartbeat it sent, with no heartbeat since. Whether the node or the
+/// database is cut off, its rows may then be rescued by a node that can
+/// still reach the database, and their steps must not run here while they
+/// run there. (The same moment the node stops starting work; a node stopped
+/// by its host, as by `SIGSTOP`, stops them the moment it runs again.)
+pub(super) async fn stop_steps_when_lapsed(sh: Arc<Shared>) {
+    loop {
+        sh.live.lapsed().await;
+        {
+            // Under the lock a step is started under (`spawn_step`), so
+            // none starts after this check without a heartbeat renewing it.
+            let running = lock(&sh.running);
+            if !sh.live.is_live() && !running.is_empty() {
+                tracing::warn!(
+                    steps = running.len(),
+                    "this node could not heartbeat within its lease: stopping its running steps, whose rows may be rescued"
+                );
+                Stats::add(&sh.ctx.stats.stopped, running.len() as u64);
+                for r in running.values() {
+                    r.stop(Stop::Lapsed);
+                }
+            }
+        }
+        sh.live.wait().await;
     }
 }
 

@@ -49,6 +49,19 @@ impl Liveness {
         was
     }
 
+    /// Wait until the node is no longer live: a window passed without a
+    /// heartbeat renewing it.
+    pub async fn lapsed(&self) {
+        loop {
+            let until = self.until.load(SeqCst);
+            if self.nanos(Instant::now()) >= until {
+                return;
+            }
+            let at = self.epoch + Duration::from_nanos(until);
+            tokio::time::sleep_until(at.into()).await;
+        }
+    }
+
     /// Wait until the node is live again.
     pub async fn wait(&self) {
         loop {
@@ -75,5 +88,15 @@ mod tests {
         let stale = Liveness::new(Duration::ZERO);
         stale.renewed(Instant::now());
         assert!(!stale.is_live(), "a heartbeat older than the window");
+    }
+
+    #[tokio::test]
+    async fn lapses_once_the_window_of_the_last_heartbeat_passed() {
+        let l = Liveness::new(Duration::from_millis(20));
+        l.lapsed().await;
+        l.renewed(Instant::now());
+        assert!(l.is_live());
+        l.lapsed().await;
+        assert!(!l.is_live(), "lapsed while still live");
     }
 }

@@ -101,9 +101,12 @@ struct Running {
 
 /// Why a running step was stopped before it returned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Stop {
+pub(crate) enum Stop {
     /// Its instance was cancelled: the outcome records the cancellation.
     Cancelled,
+    /// The node's heartbeat lapsed: its rows may be rescued and run
+    /// elsewhere. The outcome records an error (fenced if they were).
+    Lapsed,
 }
 
 impl Running {
@@ -201,6 +204,10 @@ impl Node {
             supervised("listener", {
                 let sh = shared.clone();
                 move || listener::listen(sh.clone())
+            }),
+            supervised("lapse watch", {
+                let sh = shared.clone();
+                move || heartbeat::stop_steps_when_lapsed(sh.clone())
             }),
             supervised("maintenance", {
                 let sh = shared.clone();
