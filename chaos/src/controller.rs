@@ -84,11 +84,12 @@ impl Shared {
         let (mid, commit, stalls) = self.proxy.cuts();
         let c = &self.counts;
         println!(
-            "[{:>6.1}s] {phase}: final {fin}/{} (inserted {inserted}); kills {}, stops {}, terms {}, node exits {}, postgres crashes {}, cuts {mid} anywhere + {commit} after commit, stalls {stalls}",
+            "[{:>6.1}s] {phase}: final {fin}/{} (inserted {inserted}); kills {}, stops {}, cut-offs {}, terms {}, node exits {}, postgres crashes {}, cuts {mid} anywhere + {commit} after commit, stalls {stalls}",
             self.started.elapsed().as_secs_f64(),
             self.total,
             c.kills.load(Relaxed),
             c.stops.load(Relaxed),
+            c.cut_offs.load(Relaxed),
             c.terms.load(Relaxed),
             c.exits.load(Relaxed),
             c.crashes.load(Relaxed),
@@ -440,6 +441,19 @@ async fn inject(
                 });
             }
         }
+        Fault::CutOff { node, hold } => {
+            let f = fleet.lock().await;
+            let Some(i) = pick(&f.running(), node, f.len()) else {
+                return Ok(());
+            };
+            let id = f.cut_off(i);
+            counts.cut_offs.fetch_add(1, Relaxed);
+            let fleet = fleet.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(hold).await;
+                fleet.lock().await.reconnect(&id);
+            });
+        }
         Fault::Term { node, down } => {
             let mut f = fleet.lock().await;
             let Some(i) = pick(&f.running(), node, f.len()) else {
@@ -591,10 +605,11 @@ fn print_report(
         }
     );
     println!(
-        "faults        sigkill {} ({} restarted under the same id), sigstop {} (past the lease), sigterm {}, planned node crashes {}, postgres crashes {} ({} down past the lease, longest {:.1} s), proxy cuts {mid} anywhere + {commit} after commit, {stalls} stalled connections",
+        "faults        sigkill {} ({} restarted under the same id), sigstop {} (past the lease), cut off from postgres {} (past the lease), sigterm {}, planned node crashes {}, postgres crashes {} ({} down past the lease, longest {:.1} s), proxy cuts {mid} anywhere + {commit} after commit, {stalls} stalled connections",
         counts.kills.load(Relaxed),
         counts.same_id.load(Relaxed),
         counts.stops.load(Relaxed),
+        counts.cut_offs.load(Relaxed),
         counts.terms.load(Relaxed),
         counts.exits.load(Relaxed),
         counts.crashes.load(Relaxed),

@@ -1,6 +1,8 @@
 //! Faults: node processes SIGKILLed and restarted (sometimes under the same
-//! node id), SIGSTOPped past the lease and continued, Postgres crashed
-//! (immediate stop) and started again, connections cut by the proxy. The
+//! node id), SIGSTOPped past the lease and continued, nodes cut off from
+//! Postgres past the lease (the proxy stalls their connections) while the
+//! others reach it, Postgres crashed (immediate stop) and started again,
+//! connections cut by the proxy. The
 //! schedule is drawn from the seed; every fault is recorded on the shared
 //! clock in the controller's log.
 
@@ -26,6 +28,7 @@ pub struct Counts {
     /// Kills whose node came back under the same node id.
     pub same_id: AtomicU32,
     pub stops: AtomicU32,
+    pub cut_offs: AtomicU32,
     pub terms: AtomicU32,
     /// Node processes that exited on their own (planned crashes, or not).
     pub exits: AtomicU32,
@@ -47,6 +50,13 @@ pub enum Fault {
         node: usize,
         hold: Duration,
     },
+    /// The node's connections stall, and so does every one it opens, for
+    /// `hold` (past the lease): its host cut off from Postgres, the other
+    /// nodes not.
+    CutOff {
+        node: usize,
+        hold: Duration,
+    },
     Crash {
         outage: Duration,
     },
@@ -59,8 +69,8 @@ pub enum Fault {
 }
 
 /// The faults of a run, at offsets from its start: one every 2.5 to 5 s, and
-/// at least one kill restarted under the same id, one stop and one crash
-/// with an outage longer than the lease.
+/// at least one kill restarted under the same id, one stop, one node cut
+/// off and one crash with an outage longer than the lease.
 pub fn schedule(rng: &mut StdRng, duration: Duration, nodes: usize) -> Vec<(Duration, Fault)> {
     let mut out = Vec::new();
     let end = duration.as_secs_f64() - 4.0;
@@ -70,7 +80,8 @@ pub fn schedule(rng: &mut StdRng, duration: Duration, nodes: usize) -> Vec<(Dura
         let coin = rng.gen_bool(0.5);
         let fault = match rng.gen_range(0..100) {
             0..=34 => kill(rng, node, coin),
-            35..=59 => stop(rng, node),
+            35..=52 => stop(rng, node),
+            53..=59 => cut_off(rng, node),
             60..=69 => Fault::Term {
                 node,
                 down: Duration::from_millis(rng.gen_range(100..1000)),
@@ -85,10 +96,12 @@ pub fn schedule(rng: &mut StdRng, duration: Duration, nodes: usize) -> Vec<(Dura
     let kill_same = kill(rng, a, true);
     let stop_one = stop(rng, b);
     let long_crash = crash(rng, true);
-    for must in [kill_same, stop_one, long_crash] {
+    let cut_one = cut_off(rng, a);
+    for must in [kill_same, stop_one, long_crash, cut_one] {
         let present = out.iter().any(|(_, f)| match (&must, f) {
             (Fault::Kill { .. }, Fault::Kill { same_id, .. }) => *same_id,
             (Fault::Stop { .. }, Fault::Stop { .. }) => true,
+            (Fault::CutOff { .. }, Fault::CutOff { .. }) => true,
             (Fault::Crash { .. }, Fault::Crash { outage }) => *outage > LEASE,
             _ => false,
         });
@@ -111,6 +124,13 @@ fn kill(rng: &mut StdRng, node: usize, same_id: bool) -> Fault {
 
 fn stop(rng: &mut StdRng, node: usize) -> Fault {
     Fault::Stop {
+        node,
+        hold: LEASE + Duration::from_millis(rng.gen_range(1000..3000)),
+    }
+}
+
+fn cut_off(rng: &mut StdRng, node: usize) -> Fault {
+    Fault::CutOff {
         node,
         hold: LEASE + Duration::from_millis(rng.gen_range(1000..3000)),
     }
@@ -359,6 +379,26 @@ impl Fleet {
             dead: now(),
         });
         true
+    }
+
+    /// Cut node `i` off from Postgres; returns its node id.
+    pub fn cut_off(&self, i: usize) -> String {
+        let node = self.slots[i].id.clone();
+        self.proxy.cut_off(&node);
+        self.rec.write(&Record::CutOff {
+            t: now(),
+            node: node.clone(),
+        });
+        node
+    }
+
+    /// Let `node` reach Postgres again.
+    pub fn reconnect(&self, node: &str) {
+        self.proxy.reconnect(node);
+        self.rec.write(&Record::Reconnect {
+            t: now(),
+            node: node.to_owned(),
+        });
     }
 
     /// Whether node `i` is dead (killed, not restarted yet).

@@ -134,6 +134,8 @@ struct World {
     procs: HashMap<u32, Proc>,
     outages: Vec<(u64, u64)>,
     cuts: Vec<(u64, String, String)>,
+    /// (node, cut off, reconnected).
+    cut_offs: Vec<(String, u64, u64)>,
 }
 
 impl World {
@@ -174,14 +176,26 @@ impl World {
             .find(|&(a, b)| b.saturating_sub(a) > LEASE.as_nanos() as u64 && a <= to && b >= from)
     }
 
+    /// A time this execution's node was cut off from Postgres for longer
+    /// than the lease, overlapping [from, to].
+    fn cut_off_past_lease(&self, proc: u32, from: u64, to: u64) -> Option<(u64, u64)> {
+        let node = &self.procs.get(&proc)?.node;
+        self.cut_offs
+            .iter()
+            .filter(|(n, _, _)| n == node)
+            .map(|&(_, a, b)| (a, b))
+            .find(|&(a, b)| b.saturating_sub(a) > LEASE.as_nanos() as u64 && a <= to && b >= from)
+    }
+
     /// Whether the node of an execution that ended without a death of its
     /// own may have been presumed dead before its outcome was written: its
-    /// process stopped past the lease, or Postgres down past the lease, from
-    /// its start to a lease after its end (the outcome may still have been
-    /// on its way).
+    /// process stopped past the lease, its node cut off from Postgres past
+    /// the lease, or Postgres down past the lease, from its start to a lease
+    /// after its end (the outcome may still have been on its way).
     fn presumed_dead(&self, e: &Exec) -> bool {
         let to = e.end.saturating_add(LEASE.as_nanos() as u64);
         self.stopped_past_lease(e.proc, e.start, to).is_some()
+            || self.cut_off_past_lease(e.proc, e.start, to).is_some()
             || self.long_outage(e.start, to).is_some()
     }
 
@@ -194,10 +208,14 @@ impl World {
     }
 
     /// Whether Postgres was down, or a connection of the process's node was
-    /// cut, within [from, to].
+    /// cut, or the node cut off, within [from, to].
     fn unreachable(&self, proc: u32, from: u64, to: u64) -> bool {
         let node = self.procs.get(&proc).map(|p| p.node.as_str());
         self.outages.iter().any(|&(x, y)| x <= to && y >= from)
+            || self
+                .cut_offs
+                .iter()
+                .any(|(n, x, y)| Some(n.as_str()) == node && *x <= to && *y >= from)
             || self
                 .cuts
                 .iter()
@@ -250,6 +268,20 @@ impl World {
                     self.secs(b)
                 );
             }
+            for (_, a, b) in self
+                .cut_offs
+                .iter()
+                .filter(|(n, a, b)| *n == p.node && *a <= hi && *b >= lo)
+            {
+                let _ = write!(
+                    out,
+                    "\n      {} cut off from Postgres {}-{} s ({:.1} s)",
+                    p.node,
+                    self.secs(*a),
+                    self.secs(*b),
+                    b.saturating_sub(*a) as f64 / 1e9
+                );
+            }
             let cuts: Vec<&(u64, String, String)> = self
                 .cuts
                 .iter()
@@ -294,8 +326,10 @@ fn read_world(dir: &Path, report: &mut Report) -> anyhow::Result<World> {
         procs: HashMap::new(),
         outages: Vec::new(),
         cuts: Vec::new(),
+        cut_offs: Vec::new(),
     };
     let mut open_stops: HashMap<u32, u64> = HashMap::new();
+    let mut open_cut_offs: HashMap<String, u64> = HashMap::new();
     let mut down: Option<u64> = None;
     for r in ctl {
         match r {
@@ -341,6 +375,14 @@ fn read_world(dir: &Path, report: &mut Report) -> anyhow::Result<World> {
                 }
             }
             Record::Cut { t, kind, node } => w.cuts.push((t, kind, node)),
+            Record::CutOff { t, node } => {
+                open_cut_offs.insert(node, t);
+            }
+            Record::Reconnect { t, node } => {
+                if let Some(a) = open_cut_offs.remove(&node) {
+                    w.cut_offs.push((node, a, t));
+                }
+            }
             _ => {}
         }
     }
@@ -352,6 +394,9 @@ fn read_world(dir: &Path, report: &mut Report) -> anyhow::Result<World> {
     }
     if let Some(a) = down {
         w.outages.push((a, w.end));
+    }
+    for (node, a) in open_cut_offs {
+        w.cut_offs.push((node, a, w.end));
     }
 
     let mut starts: HashMap<String, Exec> = HashMap::new();
@@ -848,8 +893,9 @@ fn is_error(e: &Exec) -> bool {
 
 /// A step (instance, n) runs again only after an error outcome or a
 /// presumed death the records show: the earlier execution's process was
-/// SIGKILLed, or stopped past the lease, or Postgres was down longer than
-/// the lease, between the two starts.
+/// SIGKILLed, or stopped past the lease, or its node cut off from Postgres
+/// past the lease, or Postgres was down longer than the lease, between the
+/// two starts.
 fn check_reruns(w: &World, r: &mut Report) {
     let mut by: BTreeMap<(i64, i64), Vec<&Exec>> = BTreeMap::new();
     for e in &w.execs {
@@ -879,6 +925,8 @@ fn check_reruns(w: &World, r: &mut Report) {
                 // The later run's node was stopped past its lease as it
                 // started it: the stale start no lease can prevent.
                 Some("a node stopped past the lease as it started the step")
+            } else if w.cut_off_past_lease(a.proc, a.start, b.start).is_some() {
+                Some("presumed death: cut off from Postgres past the lease")
             } else if w.long_outage(a.start, b.start).is_some() {
                 Some("presumed death: Postgres down past the lease")
             } else if w
@@ -1032,6 +1080,34 @@ mod tests {
     }
 
     #[test]
+    fn a_node_cut_off_past_the_lease_may_have_been_presumed_dead() {
+        let lease = LEASE.as_nanos() as u64;
+        let node = |name: &str| Proc {
+            node: name.into(),
+            ..Default::default()
+        };
+        let w = World {
+            t0: 0,
+            end: 10 * lease,
+            execs: vec![],
+            procs: HashMap::from([(1, node("n1")), (2, node("n2"))]),
+            outages: vec![],
+            cuts: vec![],
+            cut_offs: vec![("n1".into(), lease, 2 * lease + 1)],
+        };
+        assert!(w.presumed_dead(&exec("1.0", 1, lease / 2, lease)));
+        assert!(
+            !w.presumed_dead(&exec("2.0", 2, lease / 2, lease)),
+            "another node"
+        );
+        let long_after = exec("1.1", 1, 5 * lease, 5 * lease + 1);
+        assert!(
+            !w.presumed_dead(&long_after),
+            "after it reached Postgres again"
+        );
+    }
+
+    #[test]
     fn gates_allow_their_limit() {
         let runs: Vec<Exec> = (0..4).map(|i| exec(&format!("1.{i}"), 1, i, 100)).collect();
         let refs: Vec<&Exec> = runs.iter().collect();
@@ -1078,6 +1154,7 @@ mod tests {
             procs: HashMap::new(),
             outages: vec![],
             cuts: vec![],
+            cut_offs: vec![],
         };
         let allowed =
             |kinds: &[&str]| discarded_by_deaths(&world(kinds), 1, &plan, &row, &["s0"], &want);

@@ -9,7 +9,10 @@
 //! A connection can also be *stalled* (`end_one` with [`End::Stall`]): the
 //! server's side is closed, the client's is kept open and silent, as after a
 //! failover or a dropped NAT mapping that closed nothing on the client's
-//! host. Only the client giving up the call ends it.
+//! host. Only the client giving up the call ends it. A node can be *cut
+//! off* (`cut_off`): each of its connections stalls, and so does every one
+//! it opens until `reconnect`, as a host whose network to the database
+//! failed while the other hosts still reach it.
 //!
 //! The startup phase passes untouched: the client's first messages have no
 //! type byte (an SSL or GSS request is answered by one unframed byte), and
@@ -19,7 +22,7 @@
 use crate::record::{now, Record, Recorder};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
@@ -48,6 +51,8 @@ struct Shared {
     cutting: AtomicBool,
     /// Live connections past their startup, by number.
     conns: Mutex<HashMap<u64, Live>>,
+    /// Nodes cut off from Postgres (taken under `conns`' lock).
+    cut_off: Mutex<HashSet<String>>,
     next: AtomicU64,
     mid: AtomicU64,
     commit: AtomicU64,
@@ -90,6 +95,7 @@ impl Proxy {
             commit_cut,
             cutting: AtomicBool::new(true),
             conns: Mutex::new(HashMap::new()),
+            cut_off: Mutex::new(HashSet::new()),
             next: AtomicU64::new(0),
             mid: AtomicU64::new(0),
             commit: AtomicU64::new(0),
@@ -141,6 +147,29 @@ impl Proxy {
             node: live.node.clone(),
         });
         Some(live.node)
+    }
+
+    /// Cut `node` off from Postgres: each of its connections stalls, and so
+    /// does every one it opens until `reconnect`.
+    pub fn cut_off(&self, node: &str) {
+        let ends: Vec<Live> = {
+            let mut conns = lock(&self.shared.conns);
+            lock(&self.shared.cut_off).insert(node.to_owned());
+            let ids: Vec<u64> = conns
+                .iter()
+                .filter(|(_, live)| live.node == node)
+                .map(|(&id, _)| id)
+                .collect();
+            ids.iter().filter_map(|id| conns.remove(id)).collect()
+        };
+        for live in ends {
+            let _ = live.end.send(End::Stall);
+        }
+    }
+
+    /// `node`'s new connections reach Postgres again.
+    pub fn reconnect(&self, node: &str) {
+        lock(&self.shared.cut_off).remove(node);
     }
 
     /// Cuts so far: (anywhere, after a commit, stalls).
@@ -199,13 +228,21 @@ async fn serve(sh: Arc<Shared>, mut client: TcpStream, no: u64) {
         Err(_) => return,
     };
     let (tx, rx) = oneshot::channel();
-    lock(&sh.conns).insert(
-        no,
-        Live {
-            node: node.clone(),
-            end: tx,
-        },
-    );
+    {
+        let mut conns = lock(&sh.conns);
+        if lock(&sh.cut_off).contains(&node) {
+            drop(conns);
+            stall(server, client).await;
+            return;
+        }
+        conns.insert(
+            no,
+            Live {
+                node: node.clone(),
+                end: tx,
+            },
+        );
+    }
     let rng = StdRng::seed_from_u64(sh.seed ^ no.wrapping_mul(0x9E37_79B9_7F4A_7C15));
     let pumped = pump(&sh, &mut client, &mut server, rx, rng).await;
     lock(&sh.conns).remove(&no);
@@ -218,16 +255,18 @@ async fn serve(sh: Arc<Shared>, mut client: TcpStream, no: u64) {
                 node,
             });
         }
-        Pumped::Stalled => {
-            // The server's side goes (its backend ends, rolling back what
-            // was open); the client's stays open, read and never answered,
-            // until the client closes it.
-            drop(server);
-            let _ = tokio::io::copy(&mut client, &mut tokio::io::sink()).await;
-        }
+        Pumped::Stalled => stall(server, client).await,
         Pumped::Closed | Pumped::Cut => {}
     }
     // Dropping both streams closes both sides.
+}
+
+/// The server's side goes (its backend ends, rolling back what was open);
+/// the client's stays open, read and never answered, until the client
+/// closes it.
+async fn stall(server: TcpStream, mut client: TcpStream) {
+    drop(server);
+    let _ = tokio::io::copy(&mut client, &mut tokio::io::sink()).await;
 }
 
 /// Pass the client's untyped first messages through; returns the

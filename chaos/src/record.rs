@@ -110,6 +110,11 @@ pub enum Record {
     /// The proxy cut a connection of `node`: `mid` (anywhere) or `commit`
     /// (a committed response dropped before it reached the client).
     Cut { t: u64, kind: String, node: String },
+    /// The proxy cut `node` off from Postgres: its connections stall, and so
+    /// does every one it opens, until `Reconnect`.
+    CutOff { t: u64, node: String },
+    /// `node`'s new connections reach Postgres again.
+    Reconnect { t: u64, node: String },
     /// SIGTERM (a graceful shutdown, mid-run or at the end); gone at `dead`.
     Term {
         t: u64,
