@@ -473,6 +473,14 @@ async fn inject(
                 });
             }
         }
+        Fault::Freeze { outage } => {
+            let (pg, rec, counts, fatal) = (pg.clone(), rec.clone(), counts.clone(), fatal.clone());
+            tokio::spawn(async move {
+                if let Err(e) = faults::freeze_postgres(&pg, &rec, outage, &counts).await {
+                    let _ = fatal.send(format!("{e:#}"));
+                }
+            });
+        }
         Fault::Crash { outage } => {
             // Its own task: the schedule goes on during the outage.
             let (pg, rec, counts, fatal) = (pg.clone(), rec.clone(), counts.clone(), fatal.clone());
@@ -605,7 +613,7 @@ fn print_report(
         }
     );
     println!(
-        "faults        sigkill {} ({} restarted under the same id), sigstop {} (past the lease), cut off from postgres {} (past the lease), sigterm {}, planned node crashes {}, postgres crashes {} ({} down past the lease, longest {:.1} s), proxy cuts {mid} anywhere + {commit} after commit, {stalls} stalled connections",
+        "faults        sigkill {} ({} restarted under the same id), sigstop {} (past the lease), cut off from postgres {} (past the lease), sigterm {}, planned node crashes {}, postgres crashes {} ({} down past the lease, longest {:.1} s), postgres frozen {} (past the lease), proxy cuts {mid} anywhere + {commit} after commit, {stalls} stalled connections",
         counts.kills.load(Relaxed),
         counts.same_id.load(Relaxed),
         counts.stops.load(Relaxed),
@@ -615,6 +623,7 @@ fn print_report(
         counts.crashes.load(Relaxed),
         counts.long_crashes.load(Relaxed),
         counts.longest_outage_ms.load(Relaxed) as f64 / 1e3,
+        counts.freezes.load(Relaxed),
     );
     println!(
         "overlaps      {} / counted apart {} (max {:.3} s)",

@@ -36,6 +36,8 @@ pub struct Counts {
     /// Crashes with Postgres down longer than the lease.
     pub long_crashes: AtomicU32,
     pub longest_outage_ms: AtomicU64,
+    /// Postgres frozen (SIGSTOP) past the lease.
+    pub freezes: AtomicU32,
 }
 
 /// One planned fault.
@@ -60,6 +62,12 @@ pub enum Fault {
     Crash {
         outage: Duration,
     },
+    /// Every Postgres process SIGSTOPped for `outage` (past the lease), then
+    /// continued: the server does not restart, so nothing holds the reaper
+    /// back once it answers again.
+    Freeze {
+        outage: Duration,
+    },
     /// SIGTERM: a graceful shutdown (running steps past the shutdown
     /// timeout are aborted), then a restart under the same id.
     Term {
@@ -70,7 +78,7 @@ pub enum Fault {
 
 /// The faults of a run, at offsets from its start: one every 2.5 to 5 s, and
 /// at least one kill restarted under the same id, one stop, one node cut
-/// off and one crash with an outage longer than the lease.
+/// off, one crash with an outage longer than the lease and one freeze.
 pub fn schedule(rng: &mut StdRng, duration: Duration, nodes: usize) -> Vec<(Duration, Fault)> {
     let mut out = Vec::new();
     let end = duration.as_secs_f64() - 4.0;
@@ -86,7 +94,8 @@ pub fn schedule(rng: &mut StdRng, duration: Duration, nodes: usize) -> Vec<(Dura
                 node,
                 down: Duration::from_millis(rng.gen_range(100..1000)),
             },
-            _ => crash(rng, coin),
+            70..=94 => crash(rng, coin),
+            _ => freeze(rng),
         };
         out.push((Duration::from_secs_f64(t), fault));
         t += rng.gen_range(2.5..5.0);
@@ -97,11 +106,13 @@ pub fn schedule(rng: &mut StdRng, duration: Duration, nodes: usize) -> Vec<(Dura
     let stop_one = stop(rng, b);
     let long_crash = crash(rng, true);
     let cut_one = cut_off(rng, a);
-    for must in [kill_same, stop_one, long_crash, cut_one] {
+    let freeze_one = freeze(rng);
+    for must in [kill_same, stop_one, long_crash, cut_one, freeze_one] {
         let present = out.iter().any(|(_, f)| match (&must, f) {
             (Fault::Kill { .. }, Fault::Kill { same_id, .. }) => *same_id,
             (Fault::Stop { .. }, Fault::Stop { .. }) => true,
             (Fault::CutOff { .. }, Fault::CutOff { .. }) => true,
+            (Fault::Freeze { .. }, Fault::Freeze { .. }) => true,
             (Fault::Crash { .. }, Fault::Crash { outage }) => *outage > LEASE,
             _ => false,
         });
@@ -133,6 +144,12 @@ fn cut_off(rng: &mut StdRng, node: usize) -> Fault {
     Fault::CutOff {
         node,
         hold: LEASE + Duration::from_millis(rng.gen_range(1000..3000)),
+    }
+}
+
+fn freeze(rng: &mut StdRng) -> Fault {
+    Fault::Freeze {
+        outage: LEASE + Duration::from_millis(rng.gen_range(1000..2000)),
     }
 }
 
@@ -537,4 +554,51 @@ pub async fn end_loop(proxy: Arc<Proxy>, mut rng: StdRng, mean: Duration, end: E
         tokio::time::sleep(mean.mul_f64(-u.ln()).min(mean * 5)).await;
         proxy.end_one(&mut rng, end);
     }
+}
+
+/// Freeze Postgres for `outage`: its postmaster (first, so that it forks no
+/// new backend) and every process it started get SIGSTOP, then SIGCONT.
+/// Inserts wait meanwhile (they hold the same lock).
+pub async fn freeze_postgres(
+    pg: &Mutex<TempPostgres>,
+    rec: &Recorder,
+    outage: Duration,
+    counts: &Counts,
+) -> anyhow::Result<()> {
+    let pg = pg.lock().await;
+    let Some(postmaster) = pg.postmaster_pid() else {
+        return Ok(());
+    };
+    signal(postmaster, libc::SIGSTOP);
+    let children = children_of(postmaster);
+    for &pid in &children {
+        signal(pid, libc::SIGSTOP);
+    }
+    rec.write(&Record::PgFreeze { t: now() });
+    tokio::time::sleep(outage).await;
+    for &pid in &children {
+        signal(pid, libc::SIGCONT);
+    }
+    signal(postmaster, libc::SIGCONT);
+    rec.write(&Record::PgThaw { t: now() });
+    counts.freezes.fetch_add(1, Relaxed);
+    Ok(())
+}
+
+/// The processes whose parent is `parent` (from /proc).
+fn children_of(parent: u32) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|stat| {
+                    let rest = stat.rsplit_once(')')?.1;
+                    rest.split_whitespace().nth(1)?.parse::<u32>().ok()
+                })
+                == Some(parent)
+        })
+        .collect()
 }

@@ -133,6 +133,8 @@ struct World {
     execs: Vec<Exec>,
     procs: HashMap<u32, Proc>,
     outages: Vec<(u64, u64)>,
+    /// Postgres frozen (SIGSTOP), from freeze to thaw.
+    freezes: Vec<(u64, u64)>,
     cuts: Vec<(u64, String, String)>,
     /// (node, cut off, reconnected).
     cut_offs: Vec<(String, u64, u64)>,
@@ -199,19 +201,23 @@ impl World {
             || self.long_outage(e.start, to).is_some()
     }
 
-    /// A Postgres outage longer than the lease that overlaps [from, to].
+    /// A Postgres outage (down or frozen) longer than the lease that
+    /// overlaps [from, to].
     fn long_outage(&self, from: u64, to: u64) -> Option<(u64, u64)> {
-        self.outages
-            .iter()
-            .copied()
+        self.unavailable()
             .find(|&(a, b)| b.saturating_sub(a) > LEASE.as_nanos() as u64 && a <= to && b >= from)
+    }
+
+    /// When Postgres was down or frozen.
+    fn unavailable(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.outages.iter().chain(&self.freezes).copied()
     }
 
     /// Whether Postgres was down, or a connection of the process's node was
     /// cut, or the node cut off, within [from, to].
     fn unreachable(&self, proc: u32, from: u64, to: u64) -> bool {
         let node = self.procs.get(&proc).map(|p| p.node.as_str());
-        self.outages.iter().any(|&(x, y)| x <= to && y >= from)
+        self.unavailable().any(|(x, y)| x <= to && y >= from)
             || self
                 .cut_offs
                 .iter()
@@ -311,6 +317,17 @@ impl World {
                 );
             }
         }
+        for &(a, b) in &self.freezes {
+            if a <= hi && b >= lo {
+                let _ = write!(
+                    out,
+                    "\n      Postgres frozen {}-{} s ({:.1} s)",
+                    self.secs(a),
+                    self.secs(b),
+                    b.saturating_sub(a) as f64 / 1e9
+                );
+            }
+        }
         out
     }
 }
@@ -325,12 +342,14 @@ fn read_world(dir: &Path, report: &mut Report) -> anyhow::Result<World> {
         execs: Vec::new(),
         procs: HashMap::new(),
         outages: Vec::new(),
+        freezes: Vec::new(),
         cuts: Vec::new(),
         cut_offs: Vec::new(),
     };
     let mut open_stops: HashMap<u32, u64> = HashMap::new();
     let mut open_cut_offs: HashMap<String, u64> = HashMap::new();
     let mut down: Option<u64> = None;
+    let mut frozen: Option<u64> = None;
     for r in ctl {
         match r {
             Record::Begin { t, .. } => w.t0 = t,
@@ -374,6 +393,12 @@ fn read_world(dir: &Path, report: &mut Report) -> anyhow::Result<World> {
                     w.outages.push((a, t));
                 }
             }
+            Record::PgFreeze { t } => frozen = Some(t),
+            Record::PgThaw { t } => {
+                if let Some(a) = frozen.take() {
+                    w.freezes.push((a, t));
+                }
+            }
             Record::Cut { t, kind, node } => w.cuts.push((t, kind, node)),
             Record::CutOff { t, node } => {
                 open_cut_offs.insert(node, t);
@@ -394,6 +419,9 @@ fn read_world(dir: &Path, report: &mut Report) -> anyhow::Result<World> {
     }
     if let Some(a) = down {
         w.outages.push((a, w.end));
+    }
+    if let Some(a) = frozen {
+        w.freezes.push((a, w.end));
     }
     for (node, a) in open_cut_offs {
         w.cut_offs.push((node, a, w.end));
@@ -928,7 +956,7 @@ fn check_reruns(w: &World, r: &mut Report) {
             } else if w.cut_off_past_lease(a.proc, a.start, b.start).is_some() {
                 Some("presumed death: cut off from Postgres past the lease")
             } else if w.long_outage(a.start, b.start).is_some() {
-                Some("presumed death: Postgres down past the lease")
+                Some("presumed death: Postgres down or frozen past the lease")
             } else if w
                 .procs
                 .get(&a.proc)
@@ -1092,6 +1120,7 @@ mod tests {
             execs: vec![],
             procs: HashMap::from([(1, node("n1")), (2, node("n2"))]),
             outages: vec![],
+            freezes: vec![],
             cuts: vec![],
             cut_offs: vec![("n1".into(), lease, 2 * lease + 1)],
         };
@@ -1153,6 +1182,7 @@ mod tests {
                 .collect(),
             procs: HashMap::new(),
             outages: vec![],
+            freezes: vec![],
             cuts: vec![],
             cut_offs: vec![],
         };

@@ -115,7 +115,8 @@ impl Plan {
             let sleep = match rng.gen_range(0..100) {
                 0..=59 => rng.gen_range(2..30),
                 60..=89 => rng.gen_range(30..150),
-                _ => rng.gen_range(150..=settings::MAX_SLEEP_MS),
+                90..=98 => rng.gen_range(150..=settings::MAX_SLEEP_MS),
+                _ => rng.gen_range(settings::LONG_SLEEP_MS),
             };
             let fail = if rng.gen_bool(0.08) {
                 if rng.gen_bool(0.25) {

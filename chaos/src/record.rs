@@ -107,6 +107,11 @@ pub enum Record {
     PgDown { t: u64 },
     /// Postgres accepts connections again.
     PgUp { t: u64 },
+    /// Postgres frozen: its postmaster and every backend SIGSTOPped, its
+    /// connections open and silent (a paused VM, a storage stall).
+    PgFreeze { t: u64 },
+    /// Postgres continued after a freeze.
+    PgThaw { t: u64 },
     /// The proxy cut a connection of `node`: `mid` (anywhere) or `commit`
     /// (a committed response dropped before it reached the client).
     Cut { t: u64, kind: String, node: String },

@@ -44,8 +44,13 @@ pub const RATE_LIMIT: u32 = 20;
 pub const RATE_PERIOD: Duration = Duration::from_secs(2);
 pub const RATE_BURST: u32 = 2;
 
-/// The most a step sleeps (plans stay below it).
+/// The most a step sleeps (plans stay below it), but for the long ones.
 pub const MAX_SLEEP_MS: u64 = 400;
+
+/// A long step (one in a hundred) sleeps this long: past the lease, so that a
+/// node that lost the database must stop it before its row runs elsewhere.
+pub const LONG_SLEEP_MS: std::ops::Range<u64> = 2_500..3_500;
+const _: () = assert!(LONG_SLEEP_MS.start > LEASE.as_millis() as u64);
 
 /// A builder with the run's limits and timings, for nodes and the client.
 pub fn builder(url: &str) -> EngineBuilder {
