@@ -306,22 +306,11 @@ impl World {
                 );
             }
         }
-        for &(a, b) in &self.outages {
-            if a <= hi && b >= lo {
+        for (what, spans) in [("down", &self.outages), ("frozen", &self.freezes)] {
+            for &(a, b) in spans.iter().filter(|&&(a, b)| a <= hi && b >= lo) {
                 let _ = write!(
                     out,
-                    "\n      Postgres down {}-{} s ({:.1} s)",
-                    self.secs(a),
-                    self.secs(b),
-                    b.saturating_sub(a) as f64 / 1e9
-                );
-            }
-        }
-        for &(a, b) in &self.freezes {
-            if a <= hi && b >= lo {
-                let _ = write!(
-                    out,
-                    "\n      Postgres frozen {}-{} s ({:.1} s)",
+                    "\n      Postgres {what} {}-{} s ({:.1} s)",
                     self.secs(a),
                     self.secs(b),
                     b.saturating_sub(a) as f64 / 1e9
