@@ -115,27 +115,15 @@ pub(super) fn spawn_step(
         let user = UserStep::new(&workflow, &mut row);
         let ended = CancellationToken::new();
         let stopped = Arc::new(StdMutex::new(None));
-        // A node that may have been presumed dead starts nothing: its rows
-        // may run elsewhere already. Checked under the lock the lapse watch
-        // stops running steps under, so none starts after it. (A successor
-        // is given back once promoted: its predecessor's outcome applies
-        // only with it.)
-        let run = run.filter(|_| {
-            let mut running = lock(&sh.running);
-            let live = sh.live.is_live();
-            if live {
-                running.insert(
-                    row.id,
-                    Running {
-                        token: row.token,
-                        abort: user.abort.clone(),
-                        stopped: stopped.clone(),
-                        ended: ended.clone(),
-                    },
-                );
-            }
-            live
-        });
+        // A successor not started is given back once promoted: its
+        // predecessor's outcome applies only with it.
+        let step = Running {
+            token: row.token,
+            abort: user.abort.clone(),
+            stopped: stopped.clone(),
+            ended: ended.clone(),
+        };
+        let run = run.filter(|_| sh.start_if_live(row.id, step));
         let Some(run) = run else {
             // Nothing of the row's state is needed to give it back.
             drop(user);

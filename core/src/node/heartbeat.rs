@@ -2,7 +2,7 @@
 //! own, and what the node does after a gap in which it may have been
 //! presumed dead.
 
-use super::{lock, Backoff, Shared, Stop};
+use super::{lock, Backoff, Shared};
 use crate::context::Context;
 use crate::error::Result;
 use crate::stats::Stats;
@@ -112,20 +112,13 @@ pub(super) async fn heartbeats(sh: Arc<Shared>, stop: CancellationToken) {
 pub(super) async fn stop_steps_when_lapsed(sh: Arc<Shared>) {
     loop {
         sh.live.lapsed().await;
-        {
-            // Under the lock a step is started under (`spawn_step`), so
-            // none starts after this check without a heartbeat renewing it.
-            let running = lock(&sh.running);
-            if !sh.live.is_live() && !running.is_empty() {
-                tracing::warn!(
-                    steps = running.len(),
-                    "this node could not heartbeat within its lease: stopping its running steps, whose rows may be rescued"
-                );
-                Stats::add(&sh.ctx.stats.stopped, running.len() as u64);
-                for r in running.values() {
-                    r.stop(Stop::Lapsed);
-                }
-            }
+        let stopped = sh.stop_all_if_lapsed();
+        if stopped > 0 {
+            tracing::warn!(
+                steps = stopped,
+                "this node could not heartbeat within its lease: stopped its running steps, whose rows may be rescued"
+            );
+            Stats::add(&sh.ctx.stats.stopped, stopped as u64);
         }
         sh.live.wait().await;
     }

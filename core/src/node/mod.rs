@@ -303,6 +303,32 @@ where
 }
 
 impl Shared {
+    /// Put a step on record as running here, if the node is live: one that
+    /// may have been presumed dead starts nothing (its rows may run
+    /// elsewhere already). Under the lock `stop_all_if_lapsed` takes, so no
+    /// step starts after that stop without a heartbeat renewing the node.
+    fn start_if_live(&self, id: i64, step: Running) -> bool {
+        let mut running = lock(&self.running);
+        let live = self.live.is_live();
+        if live {
+            running.insert(id, step);
+        }
+        live
+    }
+
+    /// Stop every running step if the node is not live (its heartbeat
+    /// lapsed); returns how many.
+    fn stop_all_if_lapsed(&self) -> usize {
+        let running = lock(&self.running);
+        if self.live.is_live() {
+            return 0;
+        }
+        for r in running.values() {
+            r.stop(Stop::Lapsed);
+        }
+        running.len()
+    }
+
     /// An instance was cancelled: stop its step if it runs here. Its outcome,
     /// written as for any stopped step, records the cancellation.
     fn stop_cancelled(&self, id: i64) {
