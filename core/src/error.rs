@@ -50,7 +50,9 @@ impl Error {
         Error::InvalidConfig(reason.into())
     }
 
-    /// Whether retrying later may succeed (a broken connection, a restarting server).
+    /// Whether retrying later may succeed (a broken connection, a server
+    /// restarting or taking no writes, a deadlock, a lock or statement
+    /// timeout).
     pub fn is_transient(&self) -> bool {
         match self {
             Error::Database(e) => is_transient(e),
@@ -58,10 +60,34 @@ impl Error {
             _ => false,
         }
     }
+
+    /// The server gave up waiting for the statement: its `lock_timeout` or
+    /// `statement_timeout`, or a cancel. A smaller call may get through.
+    pub(crate) fn gave_up_waiting(&self) -> bool {
+        matches!(self, Error::Database(sqlx::Error::Database(db))
+            if db.code().is_some_and(|c| gave_up(&c)))
+    }
 }
 
-/// Whether a database error is worth retrying: a broken or refused connection,
-/// a server shutting down or starting, a deadlock or serialization failure.
+/// SQLSTATEs after which a connection is of no use for the next call: class
+/// 08 (connection exception), 57P (the server shutting down, crashed or
+/// restarting), and 25006 (a server that takes no writes: a standby, or a
+/// primary set read-only before a switch-over moves its address; a new
+/// connection may reach the one that does).
+pub(crate) fn ends_connection(code: &str) -> bool {
+    code.starts_with("08") || code.starts_with("57P") || code == "25006"
+}
+
+/// SQLSTATEs of a statement the server gave up waiting for (`lock_timeout`,
+/// `statement_timeout` or a cancel): nothing about the data, and a server or
+/// role setting can bring them to any of the engine's calls.
+fn gave_up(code: &str) -> bool {
+    code == "55P03" || code == "57014"
+}
+
+/// Whether a database error is worth retrying: a broken or refused
+/// connection, one that ends (`ends_connection`), a statement the server gave
+/// up waiting for, a deadlock or serialization failure, too many connections.
 fn is_transient(e: &sqlx::Error) -> bool {
     match e {
         sqlx::Error::Io(_)
@@ -71,8 +97,8 @@ fn is_transient(e: &sqlx::Error) -> bool {
         | sqlx::Error::WorkerCrashed
         | sqlx::Error::Tls(_) => true,
         sqlx::Error::Database(db) => db.code().is_some_and(|code| {
-            code.starts_with("08")
-                || code.starts_with("57P")
+            ends_connection(&code)
+                || gave_up(&code)
                 || code == "40001"
                 || code == "40P01"
                 || code == "53300"

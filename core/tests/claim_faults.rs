@@ -384,8 +384,9 @@ async fn a_successor_that_ends_its_process_is_counted() {
     assert!(first.errors.len() <= 1, "lost once at most: {first:?}");
 }
 
-/// A node running one K = 1 key's rows: a first one (its outcome hands the
-/// key on, its step time known by then, so the node reserves a successor),
+/// A node running one K = 1 key's rows: a first one (500 ms; its outcome
+/// hands the key on, its step time known by then, so the node reserves a
+/// successor),
 /// one held until `release` is notified, and its successor, whose step is
 /// `successor` (`"pending"`: never returns; else 50 ms). Returns once the
 /// held row runs and its successor is reserved; `started` tells each start.
@@ -412,6 +413,10 @@ async fn held_key(prefix: &str, successor: &str) -> HeldKey {
                 match state["role"].as_str() {
                     Some("held") => hold.notified().await,
                     Some("pending") => std::future::pending().await,
+                    // Longer than any claim call of a loaded machine's
+                    // fresh connections: the node reserves successors only
+                    // for steps that outlast its calls.
+                    Some("first") => tokio::time::sleep(Duration::from_millis(500)).await,
                     _ => tokio::time::sleep(Duration::from_millis(50)).await,
                 }
                 Ok(Transition::done(state))

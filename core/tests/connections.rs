@@ -68,6 +68,15 @@ fn noop_node(url: &str, schema: &str) -> EngineBuilder {
         })
 }
 
+/// The server process of a connection of the engine's pool (with one
+/// connection: the one its calls run on).
+async fn backend_pid(engine: &gendurable::Engine) -> i32 {
+    sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(engine.pool())
+        .await
+        .unwrap()
+}
+
 /// Insert `n` rows by another engine and wait until they (and the `from`
 /// rows before them) have completed.
 async fn insert_and_wait(url: &str, schema: &str, from: i64, n: i64) {
@@ -429,12 +438,7 @@ async fn a_call_the_server_refused_keeps_its_connection() {
     .execute(&admin)
     .await
     .unwrap();
-    let backend = || async {
-        sqlx::query_scalar::<_, i32>("SELECT pg_backend_pid()")
-            .fetch_one(client.pool())
-            .await
-            .unwrap()
-    };
+    let backend = || backend_pid(&client);
     let before = backend().await;
 
     // Refused alone, and inside the transaction of a unique insert (the row
@@ -473,6 +477,183 @@ async fn a_call_the_server_refused_keeps_its_connection() {
     .await
     .unwrap();
     assert_eq!(states, vec![json!({ "i": 2 })]);
+}
+
+/// A server that takes no writes (a standby, or a primary set read-only
+/// before its address moves to another; here a session that is read-only)
+/// is left: the call fails as transient and its connection is closed, so
+/// that the next one may reach the server that takes them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_takes_no_writes_is_left_for_a_new_connection() {
+    let schema = support::schema("read_only");
+    let url = support::url();
+    support::builder(&url, &schema).build().await.unwrap();
+    let client = support::builder(
+        &support::with_setting(&url, "default_transaction_read_only", "on"),
+        &schema,
+    )
+    .migrate(false)
+    .max_connections(1)
+    .build()
+    .await
+    .unwrap();
+    let backend = || backend_pid(&client);
+    let before = backend().await;
+    let e = client
+        .insert(NewInstance::new("Noop", json!({})))
+        .await
+        .unwrap_err();
+    assert!(e.is_transient(), "{e}");
+    assert_ne!(
+        backend().await,
+        before,
+        "the connection to a server that takes no writes was kept"
+    );
+}
+
+/// The engine's transactions are read committed, the isolation its
+/// statements are written for, whatever the session's default says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_engines_transactions_are_read_committed_whatever_the_default() {
+    let url = support::url();
+    let schema = support::schema("isolation");
+    let engine = support::builder(
+        &support::with_setting(&url, "default_transaction_isolation", "serializable"),
+        &schema,
+    )
+    .build()
+    .await
+    .unwrap();
+    let isolation: String = sqlx::query_scalar("SHOW transaction_isolation")
+        .fetch_one(engine.pool())
+        .await
+        .unwrap();
+    assert_eq!(isolation, "read committed");
+}
+
+/// The engine's commits survive a crash of the server: a connection whose
+/// session says `synchronous_commit = off` (here through the URL's options;
+/// a server, database or role setting alike) is raised to `on`, since a
+/// claim the server acknowledged and then lost would leave its step running
+/// with its key free for another node. A stronger or local setting stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_engines_commits_are_durable_whatever_the_session_says() {
+    let url = support::url();
+    for (asked, kept) in [
+        ("off", "on"),
+        ("local", "local"),
+        ("remote_apply", "remote_apply"),
+    ] {
+        let schema = support::schema("durable");
+        let engine = support::builder(
+            &support::with_setting(&url, "synchronous_commit", asked),
+            &schema,
+        )
+        .build()
+        .await
+        .unwrap();
+        let mut conns = Vec::new();
+        for _ in 0..3 {
+            conns.push(engine.pool().acquire().await.unwrap());
+        }
+        for c in &mut conns {
+            let setting: String = sqlx::query_scalar("SHOW synchronous_commit")
+                .fetch_one(&mut **c)
+                .await
+                .unwrap();
+            assert_eq!(setting, kept, "synchronous_commit = {asked} in the session");
+        }
+    }
+}
+
+/// A server that gives up waiting for a lock (`lock_timeout`, here through
+/// the URL's options; a server or role setting alike) refuses nothing about
+/// the data: the outcome of a step whose row an application's transaction
+/// held locked is written once the lock goes, the step having run once and
+/// recorded no error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outcome_that_waited_past_lock_timeout_is_written_once_the_lock_goes() {
+    let schema = support::schema("lock_timeout");
+    let url = support::url();
+    let (runs, go) = (
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(tokio::sync::Notify::new()),
+    );
+    let seen = Running::default();
+    let node = support::builder(
+        &support::with_setting(&url, "lock_timeout", "300ms"),
+        &schema,
+    )
+    .queue("default", 2)
+    .workflow_fn("Wait", {
+        let (runs, go, seen) = (runs.clone(), go.clone(), seen.clone());
+        move |_step, state, _ctx| {
+            let (runs, go, seen) = (runs.clone(), go.clone(), seen.clone());
+            async move {
+                // The first run waits for the test; any other is a
+                // run again, which the test counts.
+                if runs.fetch_add(1, SeqCst) == 0 {
+                    let notified = go.notified();
+                    drop(seen.enter("node"));
+                    notified.await;
+                }
+                Ok(Transition::done(state))
+            }
+        }
+    })
+    .start()
+    .await
+    .unwrap();
+    let id = node
+        .insert(NewInstance::new("Wait", json!({})))
+        .await
+        .unwrap();
+    seen.wait_for("node").await;
+
+    // The application holds the row while the step ends.
+    let admin = sqlx::PgPool::connect(&url).await.unwrap();
+    let mut app = admin.begin().await.unwrap();
+    sqlx::query(&format!(
+        "SELECT 1 FROM \"{schema}\".instances WHERE id = $1 FOR UPDATE"
+    ))
+    .bind(id)
+    .execute(&mut *app)
+    .await
+    .unwrap();
+    go.notify_one();
+    // Three calls waiting on the row's lock, one after the other: the
+    // outcome with a claim, then alone (refused, it would have been written
+    // as an error next), then again; the first two gave up at the timeout.
+    let waits = Arc::new(std::sync::Mutex::new(std::collections::HashSet::new()));
+    support::eventually(
+        "three calls waiting on the row's lock",
+        Duration::from_secs(60),
+        || {
+            let (admin, waits, schema) = (admin.clone(), waits.clone(), schema.clone());
+            async move {
+                // This schema's calls only: other tests share the server.
+                let started: Vec<chrono::DateTime<chrono::Utc>> = sqlx::query_scalar(
+                    "SELECT query_start FROM pg_stat_activity
+                     WHERE wait_event_type = 'Lock' AND strpos(query, $1) > 0",
+                )
+                .bind(format!("\"{schema}\""))
+                .fetch_all(&admin)
+                .await
+                .unwrap();
+                let mut w = waits.lock().unwrap();
+                w.extend(started);
+                w.len() >= 3
+            }
+        },
+    )
+    .await;
+    app.commit().await.unwrap();
+
+    let done = support::wait_final(&node, id).await;
+    assert_eq!(done.status, gendurable::Status::Completed, "{done:?}");
+    assert_eq!(runs.load(SeqCst), 1, "the step ran again: {done:?}");
+    assert!(done.errors.is_empty(), "{done:?}");
+    node.shutdown().await.unwrap();
 }
 
 /// A node cut off from the database (its host's network, not the server,

@@ -66,14 +66,18 @@ impl EngineBuilder {
 
     /// Use an existing pool. Its connections keep their settings: the
     /// engine's own pool turns JIT off, plans prepared statements
-    /// generically and starts no parallel workers (`options([("jit", "off"),
-    /// ("plan_cache_mode", "force_generic_plan"),
-    /// ("max_parallel_workers_per_gather", "0")])` on the connect options),
-    /// which spares its statements tens of milliseconds of compiling on large
-    /// tables, a plan per insert and a worker's start-up per short scan;
-    /// consider the same for this one. The claim path shares this pool with
-    /// everything else (an engine opened from a URL keeps connections of its
-    /// own for it: [`EngineBuilder::max_connections`]).
+    /// generically, starts no parallel workers and runs read committed
+    /// transactions (`options([("jit", "off"), ("plan_cache_mode",
+    /// "force_generic_plan"), ("max_parallel_workers_per_gather", "0"),
+    /// ("default_transaction_isolation", "read\\ committed")])` on the
+    /// connect options), which spares its statements tens of milliseconds of
+    /// compiling on large tables, a plan per insert and a worker's start-up
+    /// per short scan; consider the same for this one. Its commits must be
+    /// durable: the engine's own connections raise `synchronous_commit = off`
+    /// to `on`, and the engine warns when this pool's is `off`
+    /// (docs/operations.md, "Durable commits"). The claim path shares this
+    /// pool with everything else (an engine opened from a URL keeps
+    /// connections of its own for it: [`EngineBuilder::max_connections`]).
     pub fn pool(mut self, pool: PgPool) -> Self {
         self.connect = Some(Connect::Pool(pool));
         self
@@ -407,6 +411,7 @@ impl EngineBuilder {
             let inner = workflows.remove(&name).expect("validated");
             workflows.insert(name, Arc::new(WithStepRates { inner, steps }));
         }
+        let handed = matches!(self.connect, Some(Connect::Pool(_)));
         let (pool, claims, own_claims) = match self.connect {
             Some(Connect::Pool(pool)) => (pool.clone(), pool, false),
             Some(Connect::Url(url)) => {
@@ -428,6 +433,11 @@ impl EngineBuilder {
             }
             None => unreachable!("validated"),
         };
+        if handed {
+            // In the background: a pool that cannot connect yet does not hold
+            // `build` up for this.
+            tokio::spawn(store::warn_if_commits_may_be_lost(pool.clone()));
+        }
         if self.migrate {
             store::migrate(&pool, &self.cfg.schema).await?;
         }
@@ -449,8 +459,9 @@ impl EngineBuilder {
     }
 }
 
-/// A pool the engine opens: connected on first use, a connection idle for a
-/// while pinged before it is handed out.
+/// A pool the engine opens: connected on first use, its commits durable
+/// (`store::raise_synchronous_commit`), a connection idle for a while pinged
+/// before it is handed out.
 fn engine_pool(max: u32, timeout: Duration, opts: sqlx::postgres::PgConnectOptions) -> PgPool {
     PgPoolOptions::new()
         .max_connections(max)
@@ -460,6 +471,7 @@ fn engine_pool(max: u32, timeout: Duration, opts: sqlx::postgres::PgConnectOptio
         // checked; a busy one fails on its own statement, which the engine
         // retries like any dropped connection.
         .test_before_acquire(false)
+        .after_connect(|conn, _| Box::pin(store::raise_synchronous_commit(conn)))
         .before_acquire(|conn, meta| {
             Box::pin(async move {
                 if meta.idle_for >= IDLE_CHECK {
@@ -483,6 +495,10 @@ fn engine_pool(max: u32, timeout: Duration, opts: sqlx::postgres::PgConnectOptio
 /// dashboard's list window: 5 ms of start-up for 0.1 ms of reading, on 10M
 /// rows), and the engine's statements are short and many. The engine's
 /// functions say the first two themselves; this covers the plain statements.
+/// Transactions are read committed, whatever the server's default: the
+/// statements are written for it (a row locked meanwhile is skipped or read
+/// again as committed), and a serializable default turned picks beside one
+/// another into serialization failures, each retried after a backoff.
 /// A pool handed in with [`EngineBuilder::pool`] keeps its own settings.
 fn connect_options(url: &str) -> Result<sqlx::postgres::PgConnectOptions> {
     let opts: sqlx::postgres::PgConnectOptions = url
@@ -492,5 +508,7 @@ fn connect_options(url: &str) -> Result<sqlx::postgres::PgConnectOptions> {
         ("jit", "off"),
         ("plan_cache_mode", "force_generic_plan"),
         ("max_parallel_workers_per_gather", "0"),
+        // A space in a startup option is escaped with a backslash.
+        ("default_transaction_isolation", "read\\ committed"),
     ]))
 }

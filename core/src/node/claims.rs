@@ -4,7 +4,7 @@
 use super::{lock, Shared};
 use crate::outcome::{Claimed, OutcomeRow, Promotion};
 use crate::stats::Stats;
-use crate::store::{close_now, read_handoff, unanswered, Call, Demand, Handoff};
+use crate::store::{close_now, read_handoff, unanswered, Answered, Call, Demand, Handoff};
 use std::sync::atomic::Ordering::{Relaxed, SeqCst};
 use std::time::{Duration, Instant};
 use tracing::Instrument;
@@ -58,7 +58,14 @@ pub(super) async fn record_and_claim(
                 ctx.store.keep_claim_conn(conn);
                 Ok(rows)
             }
-            Ok(Err(e)) => Err(e),
+            Ok(Err(e)) => {
+                // Broken, closing, or on a server that takes no writes: the
+                // next call gets a new one.
+                if !e.answered() {
+                    close_now(conn);
+                }
+                Err(e)
+            }
             Err(_) => {
                 close_now(conn);
                 Err(unanswered(limit))

@@ -237,15 +237,17 @@ pub(super) async fn write_and_claim(
 }
 
 /// Write one batch, retrying through connection loss (until `deadline`, if
-/// any). A batch the database refuses for another reason is written row by row
-/// so one bad row cannot hold back the others.
+/// any). A batch the database refuses for another reason is written row by
+/// row so one bad row cannot hold back the others; so is one the server gave
+/// up waiting for (a row locked past `lock_timeout`, a call longer than
+/// `statement_timeout`), whose rows are then each retried until written.
 pub(super) async fn write_batch(sh: &Shared, batch: Vec<OutcomeRow>, deadline: Option<Instant>) {
     let wake = batch.iter().any(|o| o.hkey.is_some() || o.runnable_now());
     let mut retry = Backoff::new();
     loop {
         match write_outcome_rows(sh, &batch).await {
             Ok(()) => break,
-            Err(e) if e.is_transient() => {
+            Err(e) if e.is_transient() && !(e.gave_up_waiting() && batch.len() > 1) => {
                 if deadline.is_some_and(|d| Instant::now() >= d) {
                     tracing::error!(outcomes = batch.len(), error = %e,
                         "giving up writing outcomes at shutdown; the rows will be rescued");
@@ -255,7 +257,7 @@ pub(super) async fn write_batch(sh: &Shared, batch: Vec<OutcomeRow>, deadline: O
                 tokio::time::sleep(retry.next()).await;
             }
             Err(e) if batch.len() > 1 => {
-                tracing::warn!(error = %e, "an outcome batch was refused; writing row by row");
+                tracing::warn!(error = %e, "an outcome batch failed; writing row by row");
                 for o in batch {
                     Box::pin(write_batch(sh, vec![o], deadline)).await;
                 }

@@ -4,6 +4,7 @@
 //! the statements the node runs.
 
 mod claims;
+mod durability;
 mod kept;
 mod limits;
 mod maintenance;
@@ -11,11 +12,12 @@ mod migrate;
 mod pass;
 
 pub(crate) use claims::{read_handoff, Call, Demand, Handoff, Held};
+pub(crate) use durability::{raise_synchronous_commit, warn_if_commits_may_be_lost};
 pub(crate) use kept::{close_now, unanswered, IDLE_CHECK};
 pub(crate) use limits::Limits;
 pub(crate) use maintenance::Beat;
 pub(crate) use migrate::migrate;
-pub(crate) use pass::{Limited, Pass};
+pub(crate) use pass::{Answered, Limited, Pass};
 
 use kept::Kept;
 use sqlx::pool::PoolConnection;

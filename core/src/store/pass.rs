@@ -85,10 +85,8 @@ pub(crate) trait Answered {
 
 impl Answered for sqlx::Error {
     fn answered(&self) -> bool {
-        // Class 08 (connection exception) and 57P (the server shutting
-        // down, crashed or restarting) end the connection.
         matches!(self, sqlx::Error::Database(db)
-            if !db.code().is_some_and(|c| c.starts_with("08") || c.starts_with("57P")))
+            if !db.code().is_some_and(|c| crate::error::ends_connection(&c)))
     }
 }
 

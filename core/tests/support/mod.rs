@@ -10,6 +10,13 @@ pub fn url() -> String {
     gendurable_testing::shared_url()
 }
 
+/// `url` with a session setting in its startup options, as a server,
+/// database or role setting would give every session.
+pub fn with_setting(url: &str, name: &str, value: &str) -> String {
+    let sep = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{sep}options[{name}]={value}")
+}
+
 /// A schema name no other test uses.
 pub fn schema(prefix: &str) -> String {
     format!("t_{prefix}_{:08x}", rand::random::<u32>())
