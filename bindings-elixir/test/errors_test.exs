@@ -226,7 +226,7 @@ defmodule GenDurable.ErrorsTest do
     test "an unreachable database is a clear error at start" do
       Process.flag(:trap_exit, true)
 
-      assert {:error, %Error{kind: kind, message: m}} =
+      assert {:error, %Error{kind: kind, message: m} = e} =
                GenDurable.start_link(
                  name: :"unreachable_#{unique()}",
                  url: "postgres://nobody@127.0.0.1:1/none"
@@ -234,6 +234,22 @@ defmodule GenDurable.ErrorsTest do
 
       assert kind in [:database, :migrate]
       assert m != ""
+      assert e.transient == (kind == :database), inspect(e)
+    end
+
+    test "a statement the database refused is not transient" do
+      opts = engine_opts(workflows: [Steps])
+      start_supervised!({GenDurable, opts})
+
+      sql(
+        ~s(ALTER TABLE "#{opts[:schema]}".instances ) <>
+          "ADD CONSTRAINT refused CHECK (NOT state ? 'refused')"
+      )
+
+      assert {:error, %Error{kind: :database, transient: false, message: m}} =
+               GenDurable.insert(Steps, engine: opts[:name], state: %{"refused" => true})
+
+      assert m =~ "refused"
     end
   end
 end

@@ -11,13 +11,16 @@ defmodule GenDurable.Error do
     * `:not_running` — no engine of that name is running.
     * `:shut_down` — the engine is shutting down.
     * `:database` — the database failed or refused a statement, or the
-      connection broke. Retrying later may succeed.
+      connection broke.
     * `:contended` — concurrent writers kept a call from finishing (a
       unique insert whose conflicting instances kept finishing under it);
       nothing was written. Retrying succeeds.
     * `:migrate`, `:embedded`, `:internal` — schema migrations, the
       throwaway PostgreSQL, or a bug.
   * `:message` is a sentence for humans.
+  * `:transient` is true when retrying later may succeed: a broken
+    connection, a server restarting or taking no writes, a deadlock, a lock
+    or statement timeout, or `:contended`.
 
   ## Example
 
@@ -30,13 +33,18 @@ defmodule GenDurable.Error do
       GenDurable.insert!(MyApp.Sync, state: [1, 2])
   """
 
-  defexception [:kind, :field, :message]
+  defexception [:kind, :field, :message, transient: false]
 
-  @type t :: %__MODULE__{kind: atom, field: atom | nil, message: String.t()}
+  @type t :: %__MODULE__{
+          kind: atom,
+          field: atom | nil,
+          message: String.t(),
+          transient: boolean
+        }
 
   @doc false
-  def from_native({kind, field, message}) do
-    %__MODULE__{kind: kind, field: field_atom(field), message: message}
+  def from_native({kind, field, message, transient}) do
+    %__MODULE__{kind: kind, field: field_atom(field), message: message, transient: transient}
   end
 
   @doc false

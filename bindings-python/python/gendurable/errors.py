@@ -71,7 +71,8 @@ class DatabaseError(Error):
     """The database refused or failed a statement, or the connection broke.
 
     ``transient`` is true when retrying later may succeed (a broken
-    connection, a restarting server).
+    connection, a server restarting or taking no writes, a deadlock, a
+    lock or statement timeout).
     """
 
     def __init__(self, message: str = "", *, transient: bool = False) -> None:

@@ -1,13 +1,15 @@
-//! Errors as terms: `{:error, {kind, field | nil, message}}`, which
-//! `GenDurable.Error.from_native/1` turns into a `%GenDurable.Error{}`. The
-//! messages are the core's, unchanged.
+//! Errors as terms: `{:error, {kind, field | nil, message, transient}}`,
+//! which `GenDurable.Error.from_native/1` turns into a
+//! `%GenDurable.Error{}`. The messages are the core's, unchanged;
+//! `transient` is the core's `Error::is_transient`.
 
 use crate::atoms;
 use crate::runtime::{reply, Reply};
 use rustler::{Atom, Encoder, Env, Term};
 
+/// An error of the binding's own (never transient).
 pub fn error_term<'a>(env: Env<'a>, kind: Atom, field: Option<&str>, message: String) -> Term<'a> {
-    (atoms::error(), (kind, field, message)).encode(env)
+    (atoms::error(), (kind, field, message, false)).encode(env)
 }
 
 pub fn internal_error(env: Env, message: String) -> Term {
@@ -44,7 +46,8 @@ fn kind_of(e: &gendurable::Error) -> (Atom, Option<&'static str>) {
 /// A core error as a term; `suffix` is added to its message.
 pub fn core_error_term<'a>(env: Env<'a>, e: &gendurable::Error, suffix: &str) -> Term<'a> {
     let (kind, field) = kind_of(e);
-    error_term(env, kind, field, format!("{e}{suffix}"))
+    let message = format!("{e}{suffix}");
+    (atoms::error(), (kind, field, message, e.is_transient())).encode(env)
 }
 
 /// A core error as a reply.
