@@ -5,6 +5,13 @@
 //! `gendurable.errors`, and runs Python step functions for the core's node.
 //! The Python package (`python/gendurable/`) is the public interface.
 
+/// Rust's allocations here are made and freed on different threads (the
+/// runtime's and the step threads); glibc's arenas then lock and consolidate.
+/// mimalloc frees across threads without a lock (docs/performance.md, "The
+/// bindings' allocator").
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 mod actions;
 mod bench;
 mod bulkhead;
