@@ -5,12 +5,9 @@
 //! `gendurable.errors`, and runs Python step functions for the core's node.
 //! The Python package (`python/gendurable/`) is the public interface.
 
-/// Rust's allocations here are made and freed on different threads (the
-/// runtime's and the step threads); glibc's arenas then lock and consolidate.
-/// mimalloc frees across threads without a lock (docs/performance.md, "The
-/// bindings' allocator").
+/// mimalloc, for memory made and freed on different threads (`gendurable_alloc`).
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: gendurable_alloc::Allocator = gendurable_alloc::Allocator;
 
 mod actions;
 mod bench;

@@ -35,12 +35,9 @@
 //! `TempPgRes`) are registered when the library loads, by their
 //! `#[rustler::resource_impl]`.
 
-/// Rust's allocations here are made and freed on different threads (the
-/// runtime's and the schedulers'); glibc's arenas then lock and consolidate,
-/// about a sixth of the BEAM's CPU on short steps. mimalloc frees across
-/// threads without a lock (docs/performance.md, "The bindings' allocator").
+/// mimalloc, for memory made and freed on different threads (`gendurable_alloc`).
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: gendurable_alloc::Allocator = gendurable_alloc::Allocator;
 
 mod actions;
 mod bench;
