@@ -863,3 +863,38 @@ async fn a_node_above_its_share_reserves_no_successors() {
         "12 keys held, a share of 6: {call:?}"
     );
 }
+
+/// A call that reserves successors for many keyed rows counts the node's
+/// share of the keys once per queue, not once per row: the count reads every
+/// keyed row executing in the queue, so per row it cost a W2 call on four
+/// nodes a third of its time.
+#[tokio::test]
+async fn the_share_of_the_keys_is_counted_once_per_call() {
+    let (engine, schema) = engine("share_once").await;
+    let pool = engine.pool();
+    insert_keyed(&engine, 12, 3).await;
+    register(pool, &schema, NODE).await;
+    register(pool, &schema, "n2").await;
+    let other = handoff_as(pool, &schema, "n2", json!([]), 20, false, &[]).await;
+    assert_eq!(other.claimed.len(), 6, "{other:?}");
+
+    let mut tx = pool.begin().await.unwrap();
+    sqlx::query("SET LOCAL track_functions = 'all'")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let call = call_as(&mut *tx, &schema, NODE, &[], json!([]), 20, true, &[]).await;
+    assert_eq!(
+        (call.claimed.len(), call.reserved.len()),
+        (6, 6),
+        "a share of 6 keys, each with a successor: {call:?}"
+    );
+    let counted: i64 = sqlx::query_scalar(&format!(
+        "SELECT pg_stat_get_xact_function_calls('\"{schema}\".node_key_room(text, text, text[])'::regprocedure)"
+    ))
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap();
+    tx.rollback().await.unwrap();
+    assert_eq!(counted, 2, "once for the pick, once for the reservations");
+}

@@ -89,6 +89,8 @@ DECLARE
     -- Per queue: how many more keyed rows the node may hold (node_key_room),
     -- NULL when it serves the queue alone or hands nothing over there.
     k_rooms integer[] := '{}';
+    -- Queues where the node holds more than its share of the keys.
+    over_share text[];
     d integer;
     q integer;
 BEGIN
@@ -412,12 +414,18 @@ BEGIN
     -- which checks the limit. Not in a queue where the node holds more than
     -- its share of the keys (another node joined): their keys go free as
     -- their rows end, through the handover's check.
+    -- The share is counted once per queue: materialised, or the planner
+    -- pushes the condition below the DISTINCT and counts it once per row.
     IF cardinality(w_key) > 0 THEN
+        WITH o AS MATERIALIZED (SELECT DISTINCT x AS wq FROM unnest(w_queue) x)
+        SELECT array_agg(o.wq) INTO over_share FROM o
+        WHERE node_key_room(o.wq, node_id, '{}') < 0;
+    END IF;
+    IF over_share IS NOT NULL THEN
         SELECT coalesce(array_agg(w.key), '{}'), coalesce(array_agg(w.queue), '{}')
         INTO w_key, w_queue
         FROM unnest(w_key, w_queue) AS w(key, queue)
-        WHERE w.queue NOT IN (SELECT o.wq FROM (SELECT DISTINCT x AS wq FROM unnest(w_queue) x) o
-                              WHERE node_key_room(o.wq, node_id, '{}') < 0);
+        WHERE NOT (w.queue = ANY (over_share));
     END IF;
     IF cardinality(w_key) > 0 THEN
         RETURN QUERY
