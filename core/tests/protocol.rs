@@ -898,3 +898,93 @@ async fn the_share_of_the_keys_is_counted_once_per_call() {
     tx.rollback().await.unwrap();
     assert_eq!(counted, 2, "once for the pick, once for the reservations");
 }
+
+/// A pick that parks a busy key's next row and an outcome call that frees
+/// the key, in either order, leave that row where the next pick finds it:
+/// the outcome call waits for the pick and then unparks the row, or the pick
+/// sees the key's holder being changed and parks nothing. Otherwise the key
+/// stayed free with its rows parked until the maintenance sweep. For a
+/// K = 1 key (one holder) and a gate of 2 (two holders, both shards' slots).
+#[tokio::test]
+async fn a_key_freed_while_a_pick_parks_its_rows_keeps_its_next_row_runnable() {
+    for (key, holders) in [("acct:1", 1usize), ("api:1", 2)] {
+        for outcome_first in [false, true] {
+            let prefix = format!("park_race_{}_{outcome_first}", holders);
+            let (engine, schema) = engine(&prefix).await;
+            let pool = engine.pool();
+            let rows = (0..=holders)
+                .map(|_| NewInstance::new("Job", json!({})).concurrency_key(key))
+                .collect();
+            let ids = engine.insert_many(rows).await.unwrap();
+            let held = handoff(pool, &schema, json!([]), holders as i32, false, &[]).await;
+            assert_eq!(held.claimed.len(), holders, "{held:?}");
+            // The next row back where picks see it while the key is full, as
+            // a reservation given back leaves it.
+            let waiting = ids[holders];
+            sqlx::query(&format!(
+                "UPDATE \"{schema}\".instances SET parked = NULL WHERE id = $1"
+            ))
+            .bind(waiting)
+            .execute(pool)
+            .await
+            .unwrap();
+            let (h, token) = held.claimed[0];
+            let shard: Option<i32> = sqlx::query_scalar(&format!(
+                "SELECT gate_shard FROM \"{schema}\".instances WHERE id = $1"
+            ))
+            .bind(h)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+            let done = json!([{"id": h, "token": token, "kind": "done", "status": "completed",
+                               "state": {}, "hkey": key, "gshard": shard}]);
+
+            if outcome_first {
+                // The outcome call has freed the key but not committed: the
+                // other node's pick neither waits nor parks.
+                let mut outcome = pool.begin().await.unwrap();
+                let call = call_as(&mut *outcome, &schema, NODE, &[], done, 0, false, &[]).await;
+                assert_eq!(call.written, 1);
+                let pick = handoff_as(pool, &schema, "n2", json!([]), 1, false, &[]).await;
+                assert_eq!(pick.claimed, vec![], "the key is held in its snapshot");
+                outcome.commit().await.unwrap();
+            } else {
+                // The other node's pick has parked the row but not committed:
+                // the outcome call waits for it.
+                let mut pick = pool.begin().await.unwrap();
+                let call = call_as(&mut *pick, &schema, "n2", &[], json!([]), 1, false, &[]).await;
+                assert_eq!(call.claimed, vec![]);
+                let outcome = {
+                    let (pool, schema) = (pool.clone(), schema.clone());
+                    tokio::spawn(async move { handoff(&pool, &schema, done, 0, false, &[]).await })
+                };
+                support::eventually(
+                    "the outcome call to end or wait on a lock",
+                    std::time::Duration::from_secs(10),
+                    || async {
+                        outcome.is_finished()
+                            || sqlx::query_scalar::<_, i64>(
+                                "SELECT count(*) FROM pg_stat_activity
+                                 WHERE wait_event_type = 'Lock' AND strpos(query, $1) > 0",
+                            )
+                            .bind(format!("\"{schema}\""))
+                            .fetch_one(pool)
+                            .await
+                            .unwrap()
+                                > 0
+                    },
+                )
+                .await;
+                pick.commit().await.unwrap();
+                assert_eq!(outcome.await.unwrap().written, 1);
+            }
+
+            let next = handoff_as(pool, &schema, "n2", json!([]), 1, false, &[]).await;
+            assert_eq!(
+                next.claimed.iter().map(|c| c.0).collect::<Vec<_>>(),
+                vec![waiting],
+                "{key}, outcome first: {outcome_first}"
+            );
+        }
+    }
+}

@@ -237,6 +237,16 @@ BEGIN
     -- With them go the other rows of those keys still in the pick's index
     -- (up to 10,000 a key): a key without room has no rows waiting unparked.
     -- They stay out of the pick's index until unparked (see unpark_keys).
+    --
+    -- What holds the key (its executing row, or every shard of its gate at
+    -- zero) is locked FOR SHARE, skipping what another transaction is
+    -- changing: an outcome call freeing the key either waits for this one
+    -- to commit, and then its unparking sees these rows parked, or had
+    -- already locked the holder, and then nothing is parked here. Read
+    -- without the lock, a key freed by a call that committed after this
+    -- snapshot but read the rows before they were parked was left free with
+    -- its rows parked until the maintenance sweep (a second, for one key of
+    -- W2 on two nodes).
     IF limited THEN
         WITH b AS (
             SELECT x.id, x.concurrency_key, x.rate_key, x.behind,
@@ -245,9 +255,15 @@ BEGIN
                              AND CASE WHEN array_position(gate_names, split_part(x.concurrency_key, ':', 1)) IS NULL
                                       THEN EXISTS (SELECT 1 FROM instances e
                                                    WHERE e.status = 'executing' AND e.gate_shard IS NULL
-                                                     AND e.concurrency_key = x.concurrency_key)
-                                      ELSE (SELECT sum(s.available) FROM gate_slots s
-                                            WHERE s.key = x.concurrency_key) = 0
+                                                     AND e.concurrency_key = x.concurrency_key
+                                                   FOR SHARE OF e SKIP LOCKED)
+                                      ELSE (SELECT count(*) FILTER (WHERE l.available = 0) = count(*)
+                                                   AND count(*) > 0
+                                                   AND count(*) = (SELECT count(*) FROM gate_slots s
+                                                                   WHERE s.key = x.concurrency_key)
+                                            FROM (SELECT s.available FROM gate_slots s
+                                                  WHERE s.key = x.concurrency_key
+                                                  FOR SHARE OF s SKIP LOCKED) l)
                                  END
                         THEN 'key'
                         WHEN x.rate_key IS NOT NULL
