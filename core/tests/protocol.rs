@@ -988,3 +988,34 @@ async fn a_key_freed_while_a_pick_parks_its_rows_keeps_its_next_row_runnable() {
         }
     }
 }
+
+/// A pick that leaves runnable keyed rows for the other nodes' shares wakes
+/// them: a pick of theirs running beside it skipped those rows (its window
+/// held them) and came back short, and would otherwise wait for its poll.
+#[tokio::test]
+async fn a_pick_that_leaves_keys_for_other_nodes_wakes_them() {
+    let (engine, schema) = engine("share_wake").await;
+    let pool = engine.pool();
+    insert_keyed(&engine, 12, 1).await;
+    register(pool, &schema, NODE).await;
+    register(pool, &schema, "n2").await;
+    let mut listener = sqlx::postgres::PgListener::connect_with(pool).await.unwrap();
+    listener.listen(&schema).await.unwrap();
+
+    let claimed: i64 = sqlx::query_scalar(&format!(
+        "SELECT count((claimed).id) FROM \"{schema}\".handoff(
+             '{{}}', '{{}}', '{{}}', '{{}}', '[]', $1, $2, true, '{{default}}', '{{20}}', '{{f}}',
+             '{{f}}', '{{}}', '{{}}', 1.0, '{{Job}}', '{{api}}', '{{2}}', '{{1}}', '{{}}', '{{}}', '{{}}')"
+    ))
+    .bind(NODE)
+    .bind(&schema)
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    assert_eq!(claimed, 6, "its share of the 12 keys");
+    let woken = tokio::time::timeout(std::time::Duration::from_secs(10), listener.recv())
+        .await
+        .expect("the other nodes woken")
+        .unwrap();
+    assert_eq!(woken.payload(), format!("*{NODE}"));
+}

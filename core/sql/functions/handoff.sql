@@ -475,7 +475,9 @@ BEGIN
     IF cardinality(r_key) > 0 THEN
         n_unparked := unpark_keys(r_key, gate_names, gate_limits, NULL);
     END IF;
-    IF notify AND cardinality(r_key) + n_unreserved > 0 THEN
+    -- So do runnable keyed rows a pick left for the other nodes' shares.
+    IF notify AND (cardinality(r_key) + n_unreserved > 0
+                   OR current_setting('gendurable.share_left', true) = 'on') THEN
         PERFORM pg_notify(channel, '*' || node_id);
     END IF;
     RETURN QUERY SELECT NULL::claim, NULL::boolean, n_written + n_plain, cardinality(r_key) + n_unreserved,

@@ -41,6 +41,7 @@ DECLARE
     -- The rows to claim, and the gate shard each takes.
     c_id bigint[];
     c_shard integer[];
+    share_left boolean;
 BEGIN
     -- (1) The window: the queue's next rows, locked. Parked rows are not in
     -- the index it walks.
@@ -210,8 +211,19 @@ BEGIN
             WHERE NOT d.rfresh AND rs.key = d.rkey
             RETURNING 1
         )
-        SELECT array_agg(c.id), array_agg(a.shard) INTO c_id, c_shard
+        SELECT array_agg(c.id), array_agg(a.shard),
+               -- Runnable keyed rows left for the other nodes' shares.
+               k_room IS NOT NULL AND count(*) < demand
+               AND EXISTS (SELECT 1 FROM cand r WHERE r.ckey IS NOT NULL AND r.kn > k_room)
+        INTO c_id, c_shard, share_left
         FROM chosen c LEFT JOIN gassign a ON a.id = c.id;
+        -- Another node's pick running beside this one skipped them (this
+        -- window held their locks) and may have come back short: it only
+        -- picks again when woken, so the call wakes the other nodes (read
+        -- by handoff, as `rate_parked` is).
+        IF share_left THEN
+            PERFORM set_config('gendurable.share_left', 'on', true);
+        END IF;
     END IF;
 
     -- Claim the chosen rows, in pick order: the node starts the rows in the
