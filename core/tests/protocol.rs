@@ -999,7 +999,9 @@ async fn a_pick_that_leaves_keys_for_other_nodes_wakes_them() {
     insert_keyed(&engine, 12, 1).await;
     register(pool, &schema, NODE).await;
     register(pool, &schema, "n2").await;
-    let mut listener = sqlx::postgres::PgListener::connect_with(pool).await.unwrap();
+    let mut listener = sqlx::postgres::PgListener::connect_with(pool)
+        .await
+        .unwrap();
     listener.listen(&schema).await.unwrap();
 
     let claimed: i64 = sqlx::query_scalar(&format!(
