@@ -33,7 +33,7 @@ CREATE FUNCTION gendurable.handoff(plain_ids bigint[], plain_tokens bigint[], pl
     SET search_path TO 'gendurable'
     SET plan_cache_mode TO 'force_generic_plan'
     SET jit TO 'off'
-    AS -- sql/functions/handoff.sql, source md5 c8ddf028df3eb0113d50cfade9d3d4db
+    AS -- sql/functions/handoff.sql, source md5 6102ad21134fd2e840f41727e4968bbc
 ;
 
 CREATE FUNCTION gendurable.key_room(keys text[], gate_names text[], gate_limits integer[]) RETURNS TABLE(key text, room integer)
@@ -92,7 +92,7 @@ CREATE FUNCTION gendurable.pick(q text, demand integer, win_size integer, wfs te
     SET search_path TO 'gendurable'
     SET plan_cache_mode TO 'force_generic_plan'
     SET jit TO 'off'
-    AS -- sql/functions/pick.sql, source md5 615006cedc1bf78f74cae30529520b6a
+    AS -- sql/functions/pick.sql, source md5 e94ca3884a64b501746787ddf73a3677
 ;
 
 CREATE FUNCTION gendurable.rate_room(keys text[], lim integer, rate_names text[], rate_intervals double precision[], rate_tolerances double precision[]) RETURNS TABLE(key text, room integer)
