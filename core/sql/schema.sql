@@ -36,6 +36,13 @@ CREATE FUNCTION gendurable.handoff(plain_ids bigint[], plain_tokens bigint[], pl
     AS -- sql/functions/handoff.sql, source md5 6102ad21134fd2e840f41727e4968bbc
 ;
 
+CREATE FUNCTION gendurable.insert_room(keys text[], gate_names text[], gate_limits integer[]) RETURNS TABLE(key text, room integer)
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'gendurable'
+    SET jit TO 'off'
+    AS -- sql/functions/insert_room.sql, source md5 01575de2411f620694b80a5284235338
+;
+
 CREATE FUNCTION gendurable.key_room(keys text[], gate_names text[], gate_limits integer[]) RETURNS TABLE(key text, room integer)
     LANGUAGE plpgsql STABLE
     SET search_path TO 'gendurable'

@@ -1021,3 +1021,36 @@ async fn a_pick_that_leaves_keys_for_other_nodes_wakes_them() {
         .unwrap();
     assert_eq!(woken.payload(), format!("*{NODE}"));
 }
+
+/// Rows inserted for a key whose holder's outcome is recorded while the
+/// insert is not yet committed: the call freeing the key sees none of them,
+/// so the first waits unparked and the next pick takes it (one row and a
+/// batch large enough to go in by `COPY`).
+#[tokio::test]
+async fn a_row_inserted_while_its_key_goes_free_is_picked() {
+    for n in [1usize, 1000] {
+        let (engine, schema) = engine(&format!("insert_race_{n}")).await;
+        let pool = engine.pool();
+        let key = || NewInstance::new("Job", json!({})).concurrency_key("acct:1");
+        let holder = engine.insert(key()).await.unwrap();
+        let held = handoff(pool, &schema, json!([]), 1, false, &[]).await;
+        assert_eq!(held.claimed, vec![(holder, 1)]);
+
+        let mut tx = pool.begin().await.unwrap();
+        let ids = engine
+            .insert_many_in(&mut tx, (0..n).map(|_| key()).collect())
+            .await
+            .unwrap();
+        let done = json!([{"id": holder, "token": 1, "kind": "done", "status": "completed",
+                           "state": {}, "hkey": "acct:1"}]);
+        assert_eq!(handoff(pool, &schema, done, 0, false, &[]).await.written, 1);
+        tx.commit().await.unwrap();
+
+        let next = handoff_as(pool, &schema, "n2", json!([]), 1, false, &[]).await;
+        assert_eq!(
+            next.claimed.iter().map(|c| c.0).collect::<Vec<_>>(),
+            vec![ids[0]],
+            "{n} rows"
+        );
+    }
+}

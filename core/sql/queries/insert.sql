@@ -6,9 +6,10 @@
 -- (not while their queue is paused: then they are inserted as any other).
 -- Rows due now are parked (they wait out of the pick's index): those of a
 -- workflow none of their queue's live nodes runs (`orphaned`, nodes live
--- within $19 seconds); else those beyond the room their key has (key_room,
--- with the gate names and limits $14/$15); else those beyond the room their
--- rate limit has (rate_room, with the rate limits $16/$17/$18).
+-- within $19 seconds); else those beyond the room their key has
+-- (insert_room, with the gate names and limits $14/$15); else those beyond
+-- the room their rate limit has (rate_room, with the rate limits
+-- $16/$17/$18).
 -- Unique rows ($20: a spec for unique_key, or null) are inserted unless an
 -- instance holds their identity or an earlier row of the batch has it; one
 -- that a concurrent insert took meanwhile is skipped by ON CONFLICT. Each row
@@ -53,7 +54,7 @@ WITH given AS (
     SELECT g.*, o.queue IS NOT NULL AS orphan, g.due_now AND o.queue IS NULL AS now_due
     FROM todo g LEFT JOIN orphans o ON o.queue = g.queue AND o.workflow = g.workflow AND g.due_now
 ), kroom AS (
-    SELECT * FROM __S__.key_room(
+    SELECT * FROM __S__.insert_room(
         (SELECT array_agg(ckey) FROM input WHERE now_due AND ckey IS NOT NULL), $14, $15)
 ), kranked AS (
     SELECT i.*, i.now_due AND i.ckey IS NOT NULL

@@ -377,7 +377,7 @@ pub(crate) async fn copy(ctx: &Context, conn: &mut PgConnection, rows: Rows) -> 
 /// their queue's live nodes runs ("workflow"), else those beyond the room
 /// their key has ("key"), else beyond the room their rate limit has
 /// ("rate"), in the order the pick would take them (priority, then the
-/// batch's order); see `orphaned`, `key_room` and `rate_room` in
+/// batch's order); see `orphaned`, `insert_room` and `rate_room` in
 /// `sql/functions/`.
 async fn parked_on_copy(
     ctx: &Context,
@@ -413,7 +413,7 @@ async fn parked_on_copy(
         .filter_map(|i| rows.ckey[i].as_deref())
         .collect();
     if !keys.is_empty() {
-        let room = sqlx::query_as::<_, (String, i32)>(&ctx.store.sql.key_room)
+        let room = sqlx::query_as::<_, (String, i32)>(&ctx.store.sql.insert_room)
             .bind(&keys)
             .bind(&ctx.limits.gate_names)
             .bind(&ctx.limits.gate_limits)

@@ -19,6 +19,7 @@ const FUNCTIONS: &[(&str, &str)] = functions![
     may_mint_gate,
     may_mint_rate,
     key_room,
+    insert_room,
     rate_room,
     unpark_keys,
     rate_sweep,

@@ -109,7 +109,7 @@ macro_rules! queries {
 
 queries! {
     // Inserts.
-    insert, unique_holders, next_ids, copy_in, orphans, key_room, rate_room, notify_queues,
+    insert, unique_holders, next_ids, copy_in, orphans, insert_room, rate_room, notify_queues,
     // Periodic workflows.
     cron_register, cron_lock, cron_advance,
     // Claims and outcomes.
