@@ -40,7 +40,7 @@ CREATE FUNCTION gendurable.insert_room(keys text[], gate_names text[], gate_limi
     LANGUAGE plpgsql STABLE
     SET search_path TO 'gendurable'
     SET jit TO 'off'
-    AS -- sql/functions/insert_room.sql, source md5 01575de2411f620694b80a5284235338
+    AS -- sql/functions/insert_room.sql, source md5 9713971158452fa85f16bca3d2a9e9e7
 ;
 
 CREATE FUNCTION gendurable.key_room(keys text[], gate_names text[], gate_limits integer[]) RETURNS TABLE(key text, room integer)
