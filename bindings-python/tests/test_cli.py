@@ -141,7 +141,8 @@ def test_status_shows_the_node_and_the_rows_no_live_node_runs(make_engine, datab
     # Rows no live node will run: a queue no node serves, a workflow no node runs.
     engine.insert("Known", {}, queue="nobody")
     engine.insert("Typo.Flow", {})
-    wait_until(lambda: engine.get(engine.insert("Known", {})).finished, "the known row to run")
+    known_id = engine.insert("Known", {})
+    wait_until(lambda: engine.get(known_id).finished, "the known row to run")
     out = ok(run("status", "--schema", schema, url=database_url))
     # One node id everywhere: the engine's, the one in `nodes`, the one `status` shows.
     assert f"\n  {engine.node_id}  host " in out, out
