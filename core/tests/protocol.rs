@@ -864,17 +864,36 @@ async fn a_node_above_its_share_reserves_no_successors() {
     );
 }
 
+/// `per_key` rows of each of 12 keys, and two nodes serving the queue.
+async fn two_nodes_with_12_keys(prefix: &str, per_key: usize) -> (Engine, String) {
+    let (engine, schema) = engine(prefix).await;
+    insert_keyed(&engine, 12, per_key).await;
+    register(engine.pool(), &schema, NODE).await;
+    register(engine.pool(), &schema, "n2").await;
+    (engine, schema)
+}
+
+/// A row of the K = 1 key `acct:1`, claimed by the node: its holder.
+async fn held_key(prefix: &str) -> (Engine, String, i64) {
+    let (engine, schema) = engine(prefix).await;
+    let holder = engine.insert(acct_1()).await.unwrap();
+    let held = handoff(engine.pool(), &schema, json!([]), 1, false, &[]).await;
+    assert_eq!(held.claimed, vec![(holder, 1)]);
+    (engine, schema, holder)
+}
+
+fn acct_1() -> NewInstance {
+    NewInstance::new("Job", json!({})).concurrency_key("acct:1")
+}
+
 /// A call that reserves successors for many keyed rows counts the node's
 /// share of the keys once per queue, not once per row: the count reads every
 /// keyed row executing in the queue, so per row it cost a W2 call on four
 /// nodes a third of its time.
 #[tokio::test]
 async fn the_share_of_the_keys_is_counted_once_per_call() {
-    let (engine, schema) = engine("share_once").await;
+    let (engine, schema) = two_nodes_with_12_keys("share_once", 3).await;
     let pool = engine.pool();
-    insert_keyed(&engine, 12, 3).await;
-    register(pool, &schema, NODE).await;
-    register(pool, &schema, "n2").await;
     let other = handoff_as(pool, &schema, "n2", json!([]), 20, false, &[]).await;
     assert_eq!(other.claimed.len(), 6, "{other:?}");
 
@@ -994,11 +1013,8 @@ async fn a_key_freed_while_a_pick_parks_its_rows_keeps_its_next_row_runnable() {
 /// held them) and came back short, and would otherwise wait for its poll.
 #[tokio::test]
 async fn a_pick_that_leaves_keys_for_other_nodes_wakes_them() {
-    let (engine, schema) = engine("share_wake").await;
+    let (engine, schema) = two_nodes_with_12_keys("share_wake", 1).await;
     let pool = engine.pool();
-    insert_keyed(&engine, 12, 1).await;
-    register(pool, &schema, NODE).await;
-    register(pool, &schema, "n2").await;
     let mut listener = sqlx::postgres::PgListener::connect_with(pool)
         .await
         .unwrap();
@@ -1029,16 +1045,12 @@ async fn a_pick_that_leaves_keys_for_other_nodes_wakes_them() {
 #[tokio::test]
 async fn a_row_inserted_while_its_key_goes_free_is_picked() {
     for n in [1usize, 1000] {
-        let (engine, schema) = engine(&format!("insert_race_{n}")).await;
+        let (engine, schema, holder) = held_key(&format!("insert_race_{n}")).await;
         let pool = engine.pool();
-        let key = || NewInstance::new("Job", json!({})).concurrency_key("acct:1");
-        let holder = engine.insert(key()).await.unwrap();
-        let held = handoff(pool, &schema, json!([]), 1, false, &[]).await;
-        assert_eq!(held.claimed, vec![(holder, 1)]);
 
         let mut tx = pool.begin().await.unwrap();
         let ids = engine
-            .insert_many_in(&mut tx, (0..n).map(|_| key()).collect())
+            .insert_many_in(&mut tx, (0..n).map(|_| acct_1()).collect())
             .await
             .unwrap();
         let done = json!([{"id": holder, "token": 1, "kind": "done", "status": "completed",
@@ -1062,16 +1074,12 @@ async fn a_row_inserted_while_its_key_goes_free_is_picked() {
 #[tokio::test]
 async fn an_insert_behind_a_full_key_scans_no_table() {
     for n in [1usize, 1000] {
-        let (engine, schema) = engine(&format!("insert_room_plan_{n}")).await;
+        let (engine, schema, _) = held_key(&format!("insert_room_plan_{n}")).await;
         let pool = engine.pool();
-        let key = || NewInstance::new("Job", json!({})).concurrency_key("acct:1");
-        let holder = engine.insert(key()).await.unwrap();
-        let held = handoff(pool, &schema, json!([]), 1, false, &[]).await;
-        assert_eq!(held.claimed, vec![(holder, 1)]);
 
         let mut tx = pool.begin().await.unwrap();
         engine
-            .insert_many_in(&mut tx, (0..n).map(|_| key()).collect())
+            .insert_many_in(&mut tx, (0..n).map(|_| acct_1()).collect())
             .await
             .unwrap();
         let scans: i64 = sqlx::query_scalar(
