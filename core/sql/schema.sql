@@ -99,7 +99,7 @@ CREATE FUNCTION gendurable.pick(q text, demand integer, win_size integer, wfs te
     SET search_path TO 'gendurable'
     SET plan_cache_mode TO 'force_generic_plan'
     SET jit TO 'off'
-    AS -- sql/functions/pick.sql, source md5 e94ca3884a64b501746787ddf73a3677
+    AS -- sql/functions/pick.sql, source md5 3cd26b4dedc8f5046a618aedc434723e
 ;
 
 CREATE FUNCTION gendurable.rate_room(keys text[], lim integer, rate_names text[], rate_intervals double precision[], rate_tolerances double precision[]) RETURNS TABLE(key text, room integer)

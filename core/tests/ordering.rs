@@ -3,7 +3,7 @@
 mod support;
 
 use chrono::Utc;
-use gendurable::{AwaitOn, NewInstance, Status, Transition};
+use gendurable::{AwaitOn, GateConfig, NewInstance, RateConfig, Status, Transition};
 use serde_json::json;
 use std::time::Duration;
 
@@ -49,6 +49,61 @@ async fn priority_then_schedule_then_id() {
         );
     }
     assert_eq!(seen, [1, 2, 3, 4, 5, 9]);
+    engine.shutdown().await.unwrap();
+}
+
+/// Rows under a K = 1 key, a gate and a rate limit, each with room, take
+/// their turn among keyless ones: one order across both kinds, a row at a
+/// time (no prefetch, one slot).
+#[tokio::test]
+async fn limited_and_keyless_rows_start_in_one_order() {
+    let url = support::url();
+    let schema = support::schema("order_mixed");
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let engine = support::builder(&url, &schema)
+        .queue("default", 1)
+        .prefetch(0)
+        .concurrency_limit("api", GateConfig::new(5))
+        .rate_limit("rl", RateConfig::new(100, Duration::from_secs(1)).burst(10))
+        .workflow_fn("Rec", move |_s, state, _c| {
+            let tx = tx.clone();
+            async move {
+                tx.send(state["n"].as_i64().unwrap()).unwrap();
+                Ok(Transition::done(state))
+            }
+        })
+        .build()
+        .await
+        .unwrap();
+    let past = |secs| Utc::now() - chrono::Duration::seconds(secs);
+    let rec = |n: i64, priority: i16, ago: i64| {
+        NewInstance::new("Rec", json!({"n": n}))
+            .priority(priority)
+            .scheduled_at(past(ago))
+    };
+    let news = vec![
+        rec(8, 3, 60),
+        rec(6, 2, 60).rate_limit("rl:1"),
+        rec(2, 0, 50).concurrency_key("acct:1"),
+        rec(1, 0, 60),
+        rec(4, 1, 60).concurrency_key("api:1"),
+        rec(3, 0, 40).rate_limit("rl:1"),
+        rec(7, 2, 30),
+        rec(5, 1, 30),
+        rec(9, 3, 30).concurrency_key("acct:2"),
+    ];
+    engine.insert_many(news).await.unwrap();
+    engine.start().await.unwrap();
+    let mut seen = Vec::new();
+    while seen.len() < 9 {
+        seen.push(
+            tokio::time::timeout(Duration::from_secs(20), rx.recv())
+                .await
+                .unwrap()
+                .unwrap(),
+        );
+    }
+    assert_eq!(seen, [1, 2, 3, 4, 5, 6, 7, 8, 9]);
     engine.shutdown().await.unwrap();
 }
 
