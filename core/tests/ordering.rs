@@ -2,17 +2,17 @@
 //! without polling, and signals that wake every waiter.
 mod support;
 
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use gendurable::{AwaitOn, GateConfig, NewInstance, RateConfig, Status, Transition};
 use serde_json::json;
+use std::sync::LazyLock;
 use std::time::Duration;
 
-#[tokio::test]
-async fn priority_then_schedule_then_id() {
-    let url = support::url();
-    let schema = support::schema("order");
+/// The order in which a node built by `b` (one slot of "default") starts
+/// `news`, each a "Rec" row whose state carries its number `n`.
+async fn start_order(b: gendurable::EngineBuilder, news: Vec<NewInstance>) -> Vec<i64> {
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let engine = support::builder(&url, &schema)
+    let engine = b
         .queue("default", 1)
         .workflow_fn("Rec", move |_s, state, _c| {
             let tx = tx.clone();
@@ -24,23 +24,11 @@ async fn priority_then_schedule_then_id() {
         .build()
         .await
         .unwrap();
-    let past = |secs| Utc::now() - chrono::Duration::seconds(secs);
-    let news = vec![
-        NewInstance::new("Rec", json!({"n": 5})).priority(5),
-        NewInstance::new("Rec", json!({"n": 3})).priority(0),
-        NewInstance::new("Rec", json!({"n": 9})).priority(9),
-        NewInstance::new("Rec", json!({"n": 1}))
-            .priority(0)
-            .scheduled_at(past(60)),
-        NewInstance::new("Rec", json!({"n": 2}))
-            .priority(0)
-            .scheduled_at(past(30)),
-        NewInstance::new("Rec", json!({"n": 4})).priority(0),
-    ];
+    let n = news.len();
     engine.insert_many(news).await.unwrap();
     engine.start().await.unwrap();
     let mut seen = Vec::new();
-    while seen.len() < 6 {
+    while seen.len() < n {
         seen.push(
             tokio::time::timeout(Duration::from_secs(20), rx.recv())
                 .await
@@ -48,8 +36,33 @@ async fn priority_then_schedule_then_id() {
                 .unwrap(),
         );
     }
-    assert_eq!(seen, [1, 2, 3, 4, 5, 9]);
     engine.shutdown().await.unwrap();
+    seen
+}
+
+/// Row `n` at `priority`, scheduled `ago` seconds before one instant shared
+/// by every row (rows with the same `ago` and priority go by id).
+fn rec(n: i64, priority: i16, ago: i64) -> NewInstance {
+    static NOW: LazyLock<DateTime<Utc>> = LazyLock::new(Utc::now);
+    NewInstance::new("Rec", json!({"n": n}))
+        .priority(priority)
+        .scheduled_at(*NOW - chrono::Duration::seconds(ago))
+}
+
+#[tokio::test]
+async fn priority_then_schedule_then_id() {
+    let url = support::url();
+    let schema = support::schema("order");
+    let news = vec![
+        rec(5, 5, 0),
+        rec(3, 0, 0),
+        rec(9, 9, 0),
+        rec(1, 0, 60),
+        rec(2, 0, 30),
+        rec(4, 0, 0),
+    ];
+    let seen = start_order(support::builder(&url, &schema), news).await;
+    assert_eq!(seen, [1, 2, 3, 4, 5, 9]);
 }
 
 /// Rows under a K = 1 key, a gate and a rate limit, each with room, take
@@ -59,28 +72,10 @@ async fn priority_then_schedule_then_id() {
 async fn limited_and_keyless_rows_start_in_one_order() {
     let url = support::url();
     let schema = support::schema("order_mixed");
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let engine = support::builder(&url, &schema)
-        .queue("default", 1)
+    let b = support::builder(&url, &schema)
         .prefetch(0)
         .concurrency_limit("api", GateConfig::new(5))
-        .rate_limit("rl", RateConfig::new(100, Duration::from_secs(1)).burst(10))
-        .workflow_fn("Rec", move |_s, state, _c| {
-            let tx = tx.clone();
-            async move {
-                tx.send(state["n"].as_i64().unwrap()).unwrap();
-                Ok(Transition::done(state))
-            }
-        })
-        .build()
-        .await
-        .unwrap();
-    let past = |secs| Utc::now() - chrono::Duration::seconds(secs);
-    let rec = |n: i64, priority: i16, ago: i64| {
-        NewInstance::new("Rec", json!({"n": n}))
-            .priority(priority)
-            .scheduled_at(past(ago))
-    };
+        .rate_limit("rl", RateConfig::new(100, Duration::from_secs(1)).burst(10));
     let news = vec![
         rec(8, 3, 60),
         rec(6, 2, 60).rate_limit("rl:1"),
@@ -92,19 +87,7 @@ async fn limited_and_keyless_rows_start_in_one_order() {
         rec(5, 1, 30),
         rec(9, 3, 30).concurrency_key("acct:2"),
     ];
-    engine.insert_many(news).await.unwrap();
-    engine.start().await.unwrap();
-    let mut seen = Vec::new();
-    while seen.len() < 9 {
-        seen.push(
-            tokio::time::timeout(Duration::from_secs(20), rx.recv())
-                .await
-                .unwrap()
-                .unwrap(),
-        );
-    }
-    assert_eq!(seen, [1, 2, 3, 4, 5, 6, 7, 8, 9]);
-    engine.shutdown().await.unwrap();
+    assert_eq!(start_order(b, news).await, [1, 2, 3, 4, 5, 6, 7, 8, 9]);
 }
 
 #[tokio::test]
