@@ -7,6 +7,10 @@
 # times those. Prints each run's JSON line, then the medians and W5 / W1.
 #
 #   benchmarks/w5.sh [rounds] [backlog] [jobs] [nodes]   # default 3 1000000 20000 1
+#   PREFETCH=100 benchmarks/w5.sh 3    # W1 and W5 both claiming at most 100 rows ahead
+#
+# PREFETCH trades throughput for the claiming calls' latency: each call then
+# carries about a hundred rows instead of 50 ms of starts.
 #
 # On DATABASE_URL, or a throwaway PostgreSQL per run when it is unset.
 #
@@ -21,17 +25,18 @@ set -euo pipefail
 rounds=${1:-3} backlog=${2:-1000000} jobs=${3:-20000} nodes=${4:-}
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cli="$here/../target/release/gendurable"
+prefetch=${PREFETCH:+--prefetch $PREFETCH}
 cargo build -q --release --locked -p gendurable-cli --manifest-path "$here/../Cargo.toml"
 out=$(mktemp)
 for r in $(seq "$rounds"); do
     echo "round $r/$rounds" >&2
-    "$cli" workload w1 --jobs "$jobs" | tee -a "$out"
+    "$cli" workload w1 --jobs "$jobs" $prefetch | tee -a "$out"
     # W1's 20 slots and the 11 the gate's and the key's steps hold (cli/src/w5.rs).
-    "$cli" workload w5 --jobs "$jobs" --backlog "$backlog" --concurrency 31 ${nodes:+--nodes "$nodes"} | tee -a "$out"
+    "$cli" workload w5 --jobs "$jobs" --backlog "$backlog" --concurrency 31 ${nodes:+--nodes "$nodes"} $prefetch | tee -a "$out"
     # With several nodes, the same nodes without the backlogs: W1 on as many
     # processes, the baseline the backlogs' cost shows against.
     if [ -n "$nodes" ]; then
-        "$cli" workload w5 --jobs "$jobs" --backlog 0 --hold 0 --concurrency 31 --nodes "$nodes" | tee -a "$out"
+        "$cli" workload w5 --jobs "$jobs" --backlog 0 --hold 0 --concurrency 31 --nodes "$nodes" $prefetch | tee -a "$out"
     fi
 done
 python3 - "$out" <<'PY'
