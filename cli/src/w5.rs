@@ -155,6 +155,14 @@ pub(crate) async fn run(
     let secs = t.elapsed().as_secs_f64();
     progress.finish_and_clear();
     let mark = engine.stats().pick_latencies();
+    let s = engine.stats().snapshot();
+    eprintln!(
+        "w5: unrelated phase on the first node: {}, {} picks, {} rows unparked, {} parked for a rate limit",
+        crate::workload::amortised(&s),
+        s.picks,
+        s.unparked,
+        s.rate_limited
+    );
     for e in &mut extras {
         e.send("mark").await?;
     }
