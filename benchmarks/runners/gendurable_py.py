@@ -127,22 +127,24 @@ async def run_w5(args, url: str) -> None:
         "rate": {"rate_limit": "rl:1"},
         "free": {},
     }
-    first_free = []
+    free_ids: list[int] = []
 
     async def insert(kind: str, n: int) -> None:
         ids = engine.insert_many([NewInstance("Job", {}, **options[kind]) for _ in range(n)])
-        if kind == "free" and not first_free:
-            first_free.append(min(ids))
+        if kind == "free":
+            free_ids[:] = [min(ids + free_ids), max(ids + free_ids)]
 
     conn = psycopg.connect(url, autocommit=True)
 
     async def free_left() -> int:
-        # Done rows stay (completed); the free rows are the last ids.
+        # Done rows stay (completed). The free rows' ids, both bounds: on a
+        # table not analysed since the backlogs went in, `id >= first` alone
+        # was planned as a scan of all 2.1 million rows (0.3 s a poll).
         sql = (
-            "SELECT count(*) FROM gendurable.instances"
-            " WHERE id >= %s AND status NOT IN ('completed', 'cancelled', 'discarded')"
+            "SELECT count(*) FROM gendurable.instances WHERE id BETWEEN %s AND %s"
+            " AND status NOT IN ('completed', 'cancelled', 'discarded')"
         )
-        return conn.execute(sql, (first_free[0],)).fetchone()[0]
+        return conn.execute(sql, (free_ids[0], free_ids[1])).fetchone()[0]
 
     async def start_worker() -> None:
         engine.start()
