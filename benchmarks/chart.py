@@ -1,5 +1,5 @@
-"""Draws results.json as a bar chart: jobs/s for W1-W3 and the raw loop, and
-latency for W4. Run by the harness with the work folder's matplotlib."""
+"""Draws results.json as a bar chart: jobs/s for W1-W3, W5 and the raw loop,
+and latency for W4. Run by the harness with the work folder's matplotlib."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ TITLES = {
     "w2": "W2: 100 keys, one at a time, 5 ms (jobs/s; ideal 4,000)",
     "w3": "W3: one key, 10 at once, 20 ms (jobs/s; ideal 500)",
     "w4": "W4: insert-to-start latency at 50/s (ms; p50 bar, p99 tick)",
+    "w5": "W5: unrelated no-op jobs behind blocked backlogs (jobs/s)",
 }
 
 
@@ -31,6 +32,9 @@ def main(src: str, dst: str) -> None:
     ok = [r for r in doc["results"] if r.get("status") == "ok"]
     raw = [r for r in ok if r["workload"] == "raw"]
     panels = [w for w in TITLES if any(r["workload"] == w for r in doc["results"])]
+    if not panels:
+        print("chart: no workload to draw", file=sys.stderr)
+        return
     fig, axes = plt.subplots(len(panels), 1, figsize=(8, 2.2 + 1.9 * len(panels)), squeeze=False)
     for ax, w in zip(axes[:, 0], panels, strict=True):
         rows = [r for r in doc["results"] if r["workload"] == w]
