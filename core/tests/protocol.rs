@@ -886,6 +886,19 @@ fn acct_1() -> NewInstance {
     NewInstance::new("Job", json!({})).concurrency_key("acct:1")
 }
 
+/// `n` rows of "acct:1" inserted in a transaction left open.
+async fn acct_1_uncommitted(
+    engine: &Engine,
+    n: usize,
+) -> (sqlx::Transaction<'static, sqlx::Postgres>, Vec<i64>) {
+    let mut tx = engine.pool().begin().await.unwrap();
+    let ids = engine
+        .insert_many_in(&mut tx, (0..n).map(|_| acct_1()).collect())
+        .await
+        .unwrap();
+    (tx, ids)
+}
+
 /// A call that reserves successors for many keyed rows counts the node's
 /// share of the keys once per queue, not once per row: the count reads every
 /// keyed row executing in the queue, so per row it cost a W2 call on four
@@ -1048,11 +1061,7 @@ async fn a_row_inserted_while_its_key_goes_free_is_picked() {
         let (engine, schema, holder) = held_key(&format!("insert_race_{n}")).await;
         let pool = engine.pool();
 
-        let mut tx = pool.begin().await.unwrap();
-        let ids = engine
-            .insert_many_in(&mut tx, (0..n).map(|_| acct_1()).collect())
-            .await
-            .unwrap();
+        let (tx, ids) = acct_1_uncommitted(&engine, n).await;
         let done = json!([{"id": holder, "token": 1, "kind": "done", "status": "completed",
                            "state": {}, "hkey": "acct:1"}]);
         assert_eq!(handoff(pool, &schema, done, 0, false, &[]).await.written, 1);
@@ -1075,13 +1084,8 @@ async fn a_row_inserted_while_its_key_goes_free_is_picked() {
 async fn an_insert_behind_a_full_key_scans_no_table() {
     for n in [1usize, 1000] {
         let (engine, schema, _) = held_key(&format!("insert_room_plan_{n}")).await;
-        let pool = engine.pool();
 
-        let mut tx = pool.begin().await.unwrap();
-        engine
-            .insert_many_in(&mut tx, (0..n).map(|_| acct_1()).collect())
-            .await
-            .unwrap();
+        let (mut tx, _) = acct_1_uncommitted(&engine, n).await;
         let scans: i64 = sqlx::query_scalar(
             "SELECT seq_scan FROM pg_stat_xact_user_tables
              WHERE schemaname = $1 AND relname = 'instances'",
