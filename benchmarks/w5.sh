@@ -12,6 +12,10 @@
 # PREFETCH trades throughput for the claiming calls' latency: each call then
 # carries about a hundred rows instead of 50 ms of starts.
 #
+# Each round also times one-row updates committed alone on the same server
+# (`gendurable workload commit`): a claiming call commits, so its p99 can be
+# no lower than that floor.
+#
 # On DATABASE_URL, or a throwaway PostgreSQL per run when it is unset.
 #
 # This is gendurable's own loop (no peers, no record checks, the CLI's own
@@ -30,6 +34,7 @@ cargo build -q --release --locked -p gendurable-cli --manifest-path "$here/../Ca
 out=$(mktemp)
 for r in $(seq "$rounds"); do
     echo "round $r/$rounds" >&2
+    "$cli" workload commit | tee -a "$out"
     "$cli" workload w1 --jobs "$jobs" $prefetch | tee -a "$out"
     # W1's 20 slots and the 11 the gate's and the key's steps hold (cli/src/w5.rs).
     "$cli" workload w5 --jobs "$jobs" --backlog "$backlog" --concurrency 31 ${nodes:+--nodes "$nodes"} $prefetch | tee -a "$out"
@@ -42,6 +47,8 @@ done
 python3 - "$out" <<'PY'
 import json, statistics, sys
 runs = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+floor = [r for r in runs if r["workload"] == "commit"]
+runs = [r for r in runs if r not in floor]
 base = [r for r in runs if r["workload"] == "w5" and r["backlog"] == 0]
 runs = [r for r in runs if r not in base]
 med = lambda w, k: statistics.median(r[k] for r in runs if r["workload"] == w)
@@ -54,5 +61,7 @@ print(f"W1 {w1:,.0f} jobs/s; W5 {w5:,.0f} jobs/s = {w5 / w1:.2f} of W1; "
       f"W5 holding {med('w5', 'pick_p99_hold_ms'):.1f} ms; meanwhile per second: "
       f"gate {med('w5', 'gate_per_s'):.1f} (limit 10), K = 1 key {med('w5', 'key_per_s'):.2f} (1), "
       f"rate limit {med('w5', 'rate_per_s'):.1f} (50)")
+print(f"a one-row commit alone on this server: p50 {statistics.median(r['commit_p50_ms'] for r in floor):.2f} ms, "
+      f"p99 {statistics.median(r['commit_p99_ms'] for r in floor):.2f} ms (the floor of any claiming call)")
 PY
 rm -f "$out"

@@ -18,7 +18,8 @@ pub struct Args {
     /// w1 (no-op), w2 (100 K = 1 keys, 5 ms), w3 (one gate of 10, 20 ms),
     /// w4 (insert-to-start latency at 50/s), w5 (unrelated no-op jobs behind
     /// blocked backlogs), soak (a steady rate for --minutes on a pruned
-    /// history) or raw (a plain SKIP LOCKED loop).
+    /// history), raw (a plain SKIP LOCKED loop) or commit (one-row updates,
+    /// each committed alone: the latency floor of any call that commits).
     workload: String,
     /// Steps at once (for raw: claim loops at once).
     #[arg(long, default_value_t = 20)]
@@ -164,7 +165,10 @@ async fn workload(args: &Args, node: &Node, fleet: &Fleet) -> Result<serde_json:
             let n = args.jobs.unwrap_or(20_000);
             raw(&node.url, args.concurrency, n, args.batch).await?
         }
-        other => bail!("unknown workload {other:?}: expected w1, w2, w3, w4, w5, soak or raw"),
+        "commit" => commit(&node.url, args.jobs.unwrap_or(1_000)).await?,
+        other => {
+            bail!("unknown workload {other:?}: expected w1, w2, w3, w4, w5, soak, raw or commit")
+        }
     })
 }
 
@@ -670,6 +674,47 @@ async fn raw(url: &str, loops: u32, n: usize, batch: i64) -> Result<serde_json::
         .await?;
     let mut v = result("raw", n, secs, json!({ "batch": batch }));
     v["system"] = json!(format!("raw SKIP LOCKED, batch {batch}"));
+    Ok(v)
+}
+
+/// The server's commit floor: `n` one-row updates, each its own
+/// transaction, one at a time. A claiming call commits, so its latency
+/// can be no lower than this on the same server: with `fsync` on, that is
+/// the disk's flush (a few milliseconds on some virtual disks).
+async fn commit(url: &str, n: usize) -> Result<serde_json::Value> {
+    use sqlx::Connection;
+    let mut conn = sqlx::PgConnection::connect(url).await?;
+    let table = schema();
+    sqlx::raw_sql(&format!(
+        "CREATE TABLE \"{table}\" (id int PRIMARY KEY, v bigint NOT NULL);
+         INSERT INTO \"{table}\" VALUES (1, 0)"
+    ))
+    .execute(&mut conn)
+    .await?;
+    let update = format!("UPDATE \"{table}\" SET v = v + 1 WHERE id = 1");
+    let bar = bar("commit", n)?;
+    let mut took = Vec::with_capacity(n);
+    let t = Instant::now();
+    for _ in 0..n {
+        let one = Instant::now();
+        sqlx::query(&update).execute(&mut conn).await?;
+        took.push(one.elapsed());
+        bar.inc(1);
+    }
+    let secs = t.elapsed().as_secs_f64();
+    bar.finish_and_clear();
+    took.sort();
+    let ms = |q: f64| {
+        took.get(((n as f64 * q) as usize).min(n.saturating_sub(1)))
+            .map_or(0.0, |d| d.as_secs_f64() * 1e3)
+    };
+    let mut v = result(
+        "commit",
+        n,
+        secs,
+        json!({ "commit_p50_ms": ms(0.5), "commit_p99_ms": ms(0.99), "commit_max_ms": ms(1.0) }),
+    );
+    v["system"] = json!("one-row update, committed alone");
     Ok(v)
 }
 
