@@ -526,3 +526,26 @@ async fn dashboard_serves_pages_until_stopped() {
     assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stderr).contains("no gendurable schema \"typo\""));
 }
+
+#[tokio::test]
+async fn commit_workload_reports_its_floor_and_leaves_nothing() {
+    let pg = TempPostgres::start().await.unwrap();
+    let url = pg.url();
+    let out = stdout(&gendurable(&url, &["workload", "commit", "--jobs", "20"]));
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(v["workload"], "commit");
+    assert_eq!(v["jobs"], 20);
+    let ms = |k: &str| v[k].as_f64().unwrap();
+    assert!(0.0 < ms("commit_p50_ms"), "{v}");
+    assert!(ms("commit_p50_ms") <= ms("commit_p99_ms"), "{v}");
+    assert!(ms("commit_p99_ms") <= ms("commit_max_ms"), "{v}");
+    // Its scratch table is dropped as the run ends.
+    let pool = sqlx::PgPool::connect(&url).await.unwrap();
+    let left: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM pg_tables WHERE tablename LIKE 'workload\\_%'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    pool.close().await;
+    assert_eq!(left, 0);
+}
