@@ -174,15 +174,71 @@ async fn workload(args: &Args, node: &Node, fleet: &Fleet) -> Result<serde_json:
 
 /// A precise sleep for the benchmark's steps: tokio's timer rounds up to the
 /// next millisecond, which alone would cost a 5 ms step a fifth of its ideal
-/// rate. What is measured is the engine's overhead, not the timer's. The
-/// deadline is fixed before the hop to the blocking thread, so the hop's own
-/// wake-up is part of the pause, as it is for a runtime's timer.
+/// rate. What is measured is the engine's overhead, not the timer's. One
+/// thread keeps every pending deadline and wakes each step at its own; a
+/// blocking thread per sleeping step cost the node two thread switches a
+/// step, on the cores the database needs too.
 pub(crate) async fn sleep_exactly(d: Duration) {
     let until = Instant::now() + d;
-    let _ = tokio::task::spawn_blocking(move || {
-        std::thread::sleep(until.saturating_duration_since(Instant::now()))
-    })
-    .await;
+    let (wake, woken) = tokio::sync::oneshot::channel();
+    let timer = TIMER.get_or_init(|| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::Builder::new()
+            .name("step timer".into())
+            .spawn(move || wake_at_deadlines(rx))
+            .map(|_| tx)
+            .ok()
+    });
+    let sent = timer
+        .as_ref()
+        .is_some_and(|t| t.send((until, wake)).is_ok());
+    if !sent || woken.await.is_err() {
+        tokio::time::sleep_until(until.into()).await;
+    }
+}
+
+type Wake = (Instant, tokio::sync::oneshot::Sender<()>);
+
+/// The timer thread's inbox (`None`: it could not be started).
+static TIMER: std::sync::OnceLock<Option<std::sync::mpsc::Sender<Wake>>> =
+    std::sync::OnceLock::new();
+
+/// The timer thread: waits for the next deadline or a new one, whichever
+/// comes first, and wakes the steps whose deadline has passed.
+fn wake_at_deadlines(rx: std::sync::mpsc::Receiver<Wake>) {
+    use std::cmp::Reverse;
+    use std::sync::mpsc::RecvTimeoutError;
+    let mut due: std::collections::BinaryHeap<Reverse<(Instant, u64)>> = Default::default();
+    let mut waiting = HashMap::new();
+    let mut seq = 0u64;
+    loop {
+        let now = Instant::now();
+        while let Some(&Reverse((at, id))) = due.peek() {
+            if at > now {
+                break;
+            }
+            due.pop();
+            if let Some(wake) = waiting.remove(&id) {
+                let _ = tokio::sync::oneshot::Sender::send(wake, ());
+            }
+        }
+        let next = match due.peek() {
+            Some(&Reverse((at, _))) => match rx.recv_timeout(at.saturating_duration_since(now)) {
+                Ok(w) => Some(w),
+                Err(RecvTimeoutError::Timeout) => None,
+                Err(RecvTimeoutError::Disconnected) => return,
+            },
+            None => match rx.recv() {
+                Ok(w) => Some(w),
+                Err(_) => return,
+            },
+        };
+        if let Some((at, wake)) = next {
+            seq += 1;
+            due.push(Reverse((at, seq)));
+            waiting.insert(seq, wake);
+        }
+    }
 }
 
 pub(crate) fn now_ns() -> u128 {
@@ -721,6 +777,25 @@ async fn commit(url: &str, n: usize) -> Result<serde_json::Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn every_step_sleeps_at_least_its_pause() {
+        // Many at once, in no order: each one waits out its own deadline.
+        let sleeps: Vec<_> = (0..200u64)
+            .map(|i| {
+                tokio::spawn(async move {
+                    let d = Duration::from_micros((i * 7919) % 5_000);
+                    let t = Instant::now();
+                    sleep_exactly(d).await;
+                    (d, t.elapsed())
+                })
+            })
+            .collect();
+        for s in sleeps {
+            let (d, slept) = s.await.unwrap();
+            assert!(slept >= d, "slept {slept:?} of {d:?}");
+        }
+    }
 
     #[test]
     fn the_steady_rate_leaves_out_the_start_and_the_end() {

@@ -55,10 +55,10 @@ fn bench_rust_run<'a>(
 
 /// Replies `{ref, :ok}` `micros` microseconds from now: the pause of the
 /// cross-system benchmark's W2 and W3 steps (benchmarks/runners/gendurable_ex.exs),
-/// as precise as the Rust runner's `sleep_exactly` (cli/src/workload.rs) and
-/// made the same way: the deadline is fixed here, a blocking thread of the
-/// runtime sleeps to it, and the reply's hop back to the caller is part of
-/// the pause. The BEAM's own timers count whole milliseconds and round up
+/// as precise as the Rust runner's `sleep_exactly` (cli/src/workload.rs,
+/// which wakes every pause from one timer thread): the deadline is fixed
+/// here, a blocking thread of the runtime sleeps to it, and the reply's hop
+/// back to the caller is part of the pause. The BEAM's own timers count whole milliseconds and round up
 /// (`Process.sleep(5)` lasts 5.5-6 ms). The caller waits in `receive`, not on
 /// a scheduler. A pause that overflows the clock is `:badarg`.
 #[rustler::nif]
