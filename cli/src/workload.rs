@@ -203,27 +203,44 @@ type Wake = (Instant, tokio::sync::oneshot::Sender<()>);
 static TIMER: std::sync::OnceLock<Option<std::sync::mpsc::Sender<Wake>>> =
     std::sync::OnceLock::new();
 
+/// A pending pause, ordered by its deadline alone.
+struct Due {
+    at: Instant,
+    wake: tokio::sync::oneshot::Sender<()>,
+}
+
+impl PartialEq for Due {
+    fn eq(&self, other: &Self) -> bool {
+        self.at == other.at
+    }
+}
+impl Eq for Due {}
+impl PartialOrd for Due {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Due {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.at.cmp(&other.at)
+    }
+}
+
 /// The timer thread: waits for the next deadline or a new one, whichever
 /// comes first, and wakes the steps whose deadline has passed.
 fn wake_at_deadlines(rx: std::sync::mpsc::Receiver<Wake>) {
     use std::cmp::Reverse;
     use std::sync::mpsc::RecvTimeoutError;
-    let mut due: std::collections::BinaryHeap<Reverse<(Instant, u64)>> = Default::default();
-    let mut waiting = HashMap::new();
-    let mut seq = 0u64;
+    let mut due: std::collections::BinaryHeap<Reverse<Due>> = Default::default();
     loop {
         let now = Instant::now();
-        while let Some(&Reverse((at, id))) = due.peek() {
-            if at > now {
-                break;
-            }
-            due.pop();
-            if let Some(wake) = waiting.remove(&id) {
-                let _ = tokio::sync::oneshot::Sender::send(wake, ());
+        while due.peek().is_some_and(|d| d.0.at <= now) {
+            if let Some(Reverse(Due { wake, .. })) = due.pop() {
+                let _ = wake.send(());
             }
         }
         let next = match due.peek() {
-            Some(&Reverse((at, _))) => match rx.recv_timeout(at.saturating_duration_since(now)) {
+            Some(d) => match rx.recv_timeout(d.0.at.saturating_duration_since(now)) {
                 Ok(w) => Some(w),
                 Err(RecvTimeoutError::Timeout) => None,
                 Err(RecvTimeoutError::Disconnected) => return,
@@ -234,9 +251,7 @@ fn wake_at_deadlines(rx: std::sync::mpsc::Receiver<Wake>) {
             },
         };
         if let Some((at, wake)) = next {
-            seq += 1;
-            due.push(Reverse((at, seq)));
-            waiting.insert(seq, wake);
+            due.push(Reverse(Due { at, wake }));
         }
     }
 }
@@ -613,6 +628,19 @@ pub(crate) fn write_records(path: &Option<std::path::PathBuf>, rec: &Records) ->
     Ok(f.flush()?)
 }
 
+/// The value at quantile `q` (0 to 1) of `values`, the largest for 1; 0 when
+/// there are none.
+fn quantiles(mut values: Vec<f64>) -> impl Fn(f64) -> f64 {
+    values.sort_by(f64::total_cmp);
+    move |q| {
+        let last = values.len().saturating_sub(1);
+        values
+            .get(((values.len() as f64 * q) as usize).min(last))
+            .copied()
+            .unwrap_or(0.0)
+    }
+}
+
 /// Insert one job every 20 ms into a running, idle node; latency is from just
 /// before the insert call to the step's start.
 async fn w4(node: &Node, n: usize) -> Result<serde_json::Value> {
@@ -652,7 +680,7 @@ async fn w4(node: &Node, n: usize) -> Result<serde_json::Value> {
     let starts = starts.lock().unwrap();
     // Milliseconds from each insert's `from` instant to its step's start.
     let since = |from: &[u128]| {
-        let mut lat: Vec<f64> = from
+        let lat: Vec<f64> = from
             .iter()
             .enumerate()
             .filter_map(|(i, &at)| {
@@ -661,8 +689,7 @@ async fn w4(node: &Node, n: usize) -> Result<serde_json::Value> {
                     .map(|&s| s.saturating_sub(at) as f64 / 1e6)
             })
             .collect();
-        lat.sort_by(f64::total_cmp);
-        move |p: f64| lat[((lat.len() as f64 * p) as usize).min(lat.len() - 1)]
+        quantiles(lat)
     };
     let (total, after_commit) = (since(&inserted), since(&returned));
     Ok(result(
@@ -759,11 +786,7 @@ async fn commit(url: &str, n: usize) -> Result<serde_json::Value> {
     }
     let secs = t.elapsed().as_secs_f64();
     bar.finish_and_clear();
-    took.sort();
-    let ms = |q: f64| {
-        took.get(((n as f64 * q) as usize).min(n.saturating_sub(1)))
-            .map_or(0.0, |d| d.as_secs_f64() * 1e3)
-    };
+    let ms = quantiles(took.iter().map(|d| d.as_secs_f64() * 1e3).collect());
     let mut v = result(
         "commit",
         n,
@@ -777,6 +800,13 @@ async fn commit(url: &str, n: usize) -> Result<serde_json::Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn quantiles_pick_by_rank_and_are_zero_for_nothing() {
+        let q = quantiles(vec![3.0, 1.0, 4.0, 2.0]);
+        assert_eq!((q(0.0), q(0.5), q(0.99), q(1.0)), (1.0, 3.0, 4.0, 4.0));
+        assert_eq!(quantiles(Vec::new())(0.99), 0.0);
+    }
 
     #[tokio::test]
     async fn every_step_sleeps_at_least_its_pause() {

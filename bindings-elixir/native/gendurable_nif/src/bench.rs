@@ -58,9 +58,10 @@ fn bench_rust_run<'a>(
 /// as precise as the Rust runner's `sleep_exactly` (cli/src/workload.rs,
 /// which wakes every pause from one timer thread): the deadline is fixed
 /// here, a blocking thread of the runtime sleeps to it, and the reply's hop
-/// back to the caller is part of the pause. The BEAM's own timers count whole milliseconds and round up
-/// (`Process.sleep(5)` lasts 5.5-6 ms). The caller waits in `receive`, not on
-/// a scheduler. A pause that overflows the clock is `:badarg`.
+/// back to the caller is part of the pause. The BEAM's own timers count
+/// whole milliseconds and round up (`Process.sleep(5)` lasts 5.5-6 ms). The
+/// caller waits in `receive`, not on a scheduler. A pause that overflows the
+/// clock is `:badarg`.
 #[rustler::nif]
 fn bench_sleep<'a>(env: Env<'a>, micros: u64, reply_ref: Term<'a>) -> NifResult<Atom> {
     let until = Instant::now()
