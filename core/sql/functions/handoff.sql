@@ -189,7 +189,7 @@ BEGIN
                 -- ending its process (see the cautious migration).
                 cautious = i.cautious AND o.kind IN ('snooze', 'error', 'discard', 'release')
             FROM o
-            WHERE i.id = o.id AND i.status = 'executing' AND i.node = node_id AND i.token = o.token
+            WHERE i.id = o.id AND i.status || '' = 'executing' AND i.node = node_id AND i.token = o.token
               AND i.concurrency_key IS NOT DISTINCT FROM o.hkey
               AND i.gate_shard IS NOT DISTINCT FROM o.gshard
               AND (o.next IS NULL OR o.next = ANY (e_ok))
@@ -269,7 +269,7 @@ BEGIN
         SELECT coalesce(array_agg(i.id), '{}') INTO p_id
         FROM unnest(n_next, n_ntoken) AS n(id, ntoken)
         JOIN instances i ON i.id = n.id
-        WHERE i.status = 'executing' AND i.node = node_id AND i.token = n.ntoken + 1;
+        WHERE i.status || '' = 'executing' AND i.node = node_id AND i.token = n.ntoken + 1;
     END IF;
 
     -- Hand the keys and slots no successor took over to the next rows of the
@@ -400,7 +400,7 @@ BEGIN
         SELECT coalesce(array_agg(i.concurrency_key), '{}'), coalesce(array_agg(i.queue), '{}')
         INTO w_key, w_queue
         FROM instances i
-        WHERE i.id = ANY (c_id) AND i.status = 'executing' AND i.node = node_id
+        WHERE i.id = ANY (c_id) AND i.status || '' = 'executing' AND i.node = node_id
           AND i.concurrency_key IS NOT NULL AND reserve[array_position(queues, i.queue)]
           AND (i.rate_key IS NULL
                OR array_position(rate_names, split_part(i.rate_key, ':', 1)) IS NULL);
