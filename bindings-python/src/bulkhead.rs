@@ -1,6 +1,7 @@
 //! The core's bulkhead for Python: `gendurable.Bulkhead` wraps these.
 
 use crate::errors::{invalid_config, raise};
+use crate::workflow::lock;
 use gendurable::bulkhead::{Bulkhead, BulkheadConfig, OwnedPermit, Wait};
 use pyo3::prelude::*;
 use std::sync::{Arc, Mutex};
@@ -139,18 +140,14 @@ impl PyBulkhead {
 impl PyPermit {
     /// Give the slot back (idempotent).
     fn release(&self) {
-        drop(self.inner.lock().unwrap().take());
+        drop(lock(&self.inner).take());
     }
 
     /// Whether this permit still owns its slot (false once released, reset
     /// or reclaimed after `reclaim_after`).
     #[getter]
     fn is_current(&self) -> bool {
-        self.inner
-            .lock()
-            .unwrap()
-            .as_ref()
-            .is_some_and(|p| p.is_current())
+        lock(&self.inner).as_ref().is_some_and(|p| p.is_current())
     }
 
     fn __enter__(slf: Py<Self>) -> Py<Self> {

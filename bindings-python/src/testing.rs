@@ -5,6 +5,7 @@ use crate::block_on;
 use crate::errors::{invalid_input, temp_postgres_error};
 use crate::instance::instance_to_py;
 use crate::values::to_json;
+use crate::workflow::lock;
 use gendurable::{InsertedQuery, Instance, Status};
 use gendurable_testing::TempPostgres;
 use pyo3::prelude::*;
@@ -37,7 +38,7 @@ impl PyTempPostgres {
 
     /// Stop the cluster and remove its files (idempotent).
     fn stop(&self, py: Python<'_>) {
-        let pg = self.inner.lock().unwrap().take();
+        let pg = lock(&self.inner).take();
         py.detach(move || drop(pg));
     }
 }

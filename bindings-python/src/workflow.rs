@@ -91,8 +91,9 @@ impl Hooks {
 }
 
 /// Held briefly and never while waiting for the GIL (a thread holding the
-/// GIL and waiting for the lock would deadlock with it).
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+/// GIL and waiting for the lock would deadlock with it). A lock poisoned by
+/// a panic elsewhere is taken as it is: its value is always whole.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
