@@ -33,7 +33,7 @@ CREATE FUNCTION gendurable.handoff(plain_ids bigint[], plain_tokens bigint[], pl
     SET search_path TO 'gendurable'
     SET plan_cache_mode TO 'force_generic_plan'
     SET jit TO 'off'
-    AS -- sql/functions/handoff.sql, source md5 8d146cdd387d4f5d5148d196d2d6d840
+    AS -- sql/functions/handoff.sql, source md5 85a5448ece70305a58960ad6bb9e995f
 ;
 
 CREATE FUNCTION gendurable.insert_room(keys text[], gate_names text[], gate_limits integer[]) RETURNS TABLE(key text, room integer)

@@ -563,8 +563,9 @@ async fn a_successor_started_in_a_queue_paused_meanwhile_is_stopped() {
         Status::Completed,
         "recorded alone"
     );
-    // A successor started sends its id before it can be stopped, and the
-    // predecessor's outcome is recorded only once it is.
+    // A successor that ran sent its id on its first poll, before the stop
+    // that lets the predecessor's outcome be recorded alone: if it ran, the
+    // id is in by now. One aborted before its first poll sends nothing.
     if let Ok(early) = started.try_recv() {
         assert_eq!(early, ids[2]);
         assert_eq!(engine.stats().snapshot().not_admitted, 1);

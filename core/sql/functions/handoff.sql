@@ -158,6 +158,7 @@ BEGIN
                 set_key boolean, ckey text, rkey text, delay float8, until timestamptz,
                 signal text, error jsonb, hkey text, gshard integer, next bigint, ntoken bigint)
         ), upd AS (
+            -- Each row by id (`status || ''`, as above).
             UPDATE instances i SET
                 status = CASE WHEN i.cancel_requested AND o.status NOT IN ('completed', 'cancelled', 'discarded')
                               THEN 'cancelled' ELSE o.status END,
