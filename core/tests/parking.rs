@@ -298,7 +298,7 @@ async fn the_rate_sweep_says_when_the_next_start_is_due() {
         let schema = schema.clone();
         async move {
             sqlx::query_as::<_, (i32, Option<f64>)>(&format!(
-                "SELECT unparked, next_in FROM \"{schema}\".rate_sweep(NULL, 100, NULL, '{{rl}}', '{{60}}', '{{0}}')"
+                "SELECT unparked, next_in FROM \"{schema}\".rate_sweep(NULL, 100, NULL, '{{rl}}', '{{60}}', '{{0}}', '{{}}', '{{}}')"
             ))
             .fetch_one(&pool)
             .await
@@ -330,6 +330,77 @@ async fn the_rate_sweep_says_when_the_next_start_is_due() {
     assert_eq!(n, 0);
     let next = next.expect("a start is due");
     assert!(next > 0.0 && next <= 60.0, "next start in {next} s");
+}
+
+/// Rows of `key` in `queue`, all parked for their rate limit.
+async fn parked_for_rate(c: &Engine, schema: &str, queue: &str, key: &str, n: usize) {
+    c.insert_many(
+        (0..n)
+            .map(|_| {
+                NewInstance::new("Job", json!({}))
+                    .queue(queue)
+                    .rate_limit(key)
+            })
+            .collect(),
+    )
+    .await
+    .unwrap();
+    sqlx::query(&format!(
+        "UPDATE \"{schema}\".instances SET parked = 'rate' WHERE rate_key = $1"
+    ))
+    .bind(key)
+    .execute(c.pool())
+    .await
+    .unwrap();
+}
+
+/// A rate sweep by a node with room for what it unparks leaves the rows to
+/// that node (no NOTIFY), and wakes every node for a queue it has no room
+/// in; a sweep that finds another sweeping does nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_sweep_wakes_the_sweeping_node_when_it_has_room() {
+    let schema = support::schema("park_rate_own");
+    let c = client(&schema).await;
+    parked_for_rate(&c, &schema, "a", "rl:a", 2).await;
+    parked_for_rate(&c, &schema, "b", "rl:b", 2).await;
+    let mut listener = sqlx::postgres::PgListener::connect_with(c.pool())
+        .await
+        .unwrap();
+    listener.listen(&schema).await.unwrap();
+    // One start a minute per key, burst 1: a sweep unparks one row of each.
+    let sweep = |room: &'static str| {
+        let (pool, schema) = (c.pool().clone(), schema.clone());
+        async move {
+            sqlx::query_as::<_, (i32, Vec<String>)>(&format!(
+                "SELECT unparked, own_woken FROM \"{schema}\".rate_sweep(
+                     NULL, 100, $1, '{{rl}}', '{{60}}', '{{0}}', '{{a,b}}', $2::integer[])"
+            ))
+            .bind(&schema)
+            .bind(room)
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+        }
+    };
+
+    // Another sweep in progress: this one leaves every row parked.
+    let mut other = c.pool().begin().await.unwrap();
+    sqlx::query(&format!(
+        "SELECT pg_advisory_xact_lock(hashtext('{schema}:rate_sweep'))"
+    ))
+    .execute(&mut *other)
+    .await
+    .unwrap();
+    assert_eq!(sweep("{1,1}").await, (0, vec![]));
+    other.rollback().await.unwrap();
+
+    // Room for a's row only: a is this node's to pick, b is woken for all.
+    assert_eq!(sweep("{1,0}").await, (2, vec!["a".to_string()]));
+    let woken = tokio::time::timeout(Duration::from_secs(10), listener.recv())
+        .await
+        .expect("queue b woken")
+        .unwrap();
+    assert_eq!(woken.payload(), "b", "queue a left to the sweeping node");
 }
 
 /// Rows parked because no live node runs their workflow.

@@ -1,22 +1,40 @@
 -- Up to `lim` rate-limit keys with parked rows, from the first after `after`
 -- (NULL: from the start), each unparked as far as its limit allows starts
--- now (a name no longer configured: all of them, `lim` at a time); queues
--- with rows unparked are woken on `channel`. Returns the rows unparked, the
--- last key swept (NULL once the sweep reached the end) and `next_in`: the
--- seconds until one of these keys allows a start beyond the rows waiting
--- unparked now, as if those were claimed meanwhile (NULL: none will, before
--- a claim). The rate waker sleeps that long: one sweep per start, not one
--- per pick.
+-- now (a name no longer configured: all of them, `lim` at a time). Returns
+-- the rows unparked, the last key swept (NULL once the sweep reached the end)
+-- and `next_in`: the seconds until one of these keys allows a start beyond
+-- the rows waiting unparked now, as if those were claimed meanwhile (NULL:
+-- none will, before a claim). The rate waker sleeps that long: one sweep per
+-- start, not one per pick.
+--
+-- One sweep at a time: every node's waker computes the same `next_in` from
+-- the same state and wakes at the same instant, and sweeps side by side would
+-- each unpark what the limit allows (neither sees the other's rows), for the
+-- picks to park again. A call that finds another sweeping returns at once,
+-- all NULL: that sweep covers these keys and times the next start.
+--
+-- The calling node has `own_room` free claim slots in each of `own_queues`:
+-- a queue whose unparked rows fit there is left to that node's picker
+-- (returned in `own_woken`), any other is woken on `channel` for every node.
+-- One node picks what one sweep unparked, not all of them.
 CREATE OR REPLACE FUNCTION rate_sweep(after text, lim integer, channel text,
                            rate_names text[], rate_intervals float8[], rate_tolerances float8[],
-                           OUT unparked integer, OUT last_key text, OUT next_in float8)
+                           own_queues text[], own_room integer[],
+                           OUT unparked integer, OUT last_key text, OUT next_in float8,
+                           OUT own_woken text[])
 LANGUAGE plpgsql VOLATILE
 SET search_path FROM CURRENT
 SET jit = off
 AS $$
 DECLARE
     ks text[];
+    notified bigint;
 BEGIN
+    unparked := 0;
+    own_woken := '{}';
+    IF NOT pg_try_advisory_xact_lock(hashtext(current_schema() || ':rate_sweep')) THEN
+        RETURN;
+    END IF;
     WITH RECURSIVE k AS (
         (SELECT i.rate_key AS key FROM instances i
          WHERE i.status = 'available' AND i.parked = 'rate' AND i.rate_key > coalesce(after, '')
@@ -45,10 +63,18 @@ BEGIN
         WHERE a.n > 0
     ), u AS (
         UPDATE instances i SET parked = NULL WHERE i.id = ANY (ARRAY(SELECT c.id FROM c)) RETURNING i.queue
+    ), q AS (
+        SELECT u.queue, count(*) AS n,
+               coalesce((SELECT o.room FROM unnest(own_queues, own_room) AS o(queue, room)
+                         WHERE o.queue = u.queue), 0) AS room
+        FROM u GROUP BY u.queue
     ), woken AS (
-        SELECT pg_notify(channel, q) FROM (SELECT DISTINCT queue AS q FROM u) d WHERE channel IS NOT NULL
+        SELECT pg_notify(channel, q.queue) FROM q WHERE q.n > q.room AND channel IS NOT NULL
     )
-    SELECT ((SELECT count(*) FROM u) + 0 * (SELECT count(*) FROM woken))::integer INTO unparked;
+    SELECT (SELECT coalesce(sum(q.n), 0) FROM q)::integer,
+           (SELECT coalesce(array_agg(q.queue), '{}') FROM q WHERE q.n <= q.room),
+           (SELECT count(*) FROM woken)
+    INTO unparked, own_woken, notified;
 
     -- GCRA: with `w` rows waiting, the start after them conforms from
     -- max(tat, now) - tolerance + w × interval; never while w reaches the

@@ -359,6 +359,21 @@ impl Shared {
             && self.prefetch[queue].step_time() > self.call_time.get()
     }
 
+    /// The rows each queue's picker would claim now (none while the node
+    /// may not start work).
+    fn claim_room(&self) -> Vec<(&str, i32)> {
+        if !self.live.is_live() {
+            return Vec::new();
+        }
+        self.slots
+            .iter()
+            .map(|(q, slots)| {
+                let free = self.prefetch[q].demand(slots.available_permits());
+                (q.as_str(), free.min(i32::MAX as usize) as i32)
+            })
+            .collect()
+    }
+
     fn wake_all(&self) {
         for w in self.wakes.values() {
             w.wake();

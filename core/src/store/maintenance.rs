@@ -17,6 +17,20 @@ pub(crate) struct Beat<'a> {
     pub lease: f64,
 }
 
+/// What one rate sweep call did (`sql/functions/rate_sweep.sql`). A call
+/// that found another node sweeping did nothing and says so as all empty.
+#[derive(Debug)]
+pub(crate) struct RateSwept {
+    pub unparked: u64,
+    /// The last key swept (None: the sweep's end).
+    pub last_key: Option<String>,
+    /// Seconds until a limit swept allows a start beyond the rows waiting
+    /// (None: not before a claim).
+    pub next_in: Option<f64>,
+    /// Queues with rows unparked that the calling node is to pick itself.
+    pub own_woken: Vec<String>,
+}
+
 impl Store {
     /// Records a heartbeat on `exec`. Returns how many other nodes are alive
     /// and how many seconds ago this node's previous heartbeat was recorded
@@ -113,16 +127,18 @@ impl Store {
     }
 
     /// One bounded pass over rate-limited parked rows
-    /// (`sql/functions/rate_sweep.sql`). Returns the rows unparked, the last
-    /// key swept (None: the end) and the seconds until a limit swept allows
-    /// a start beyond the rows waiting (None: not before a claim).
+    /// (`sql/functions/rate_sweep.sql`), by a node with `own` free claim
+    /// slots per queue: queues whose unparked rows fit there are left to
+    /// it, others are woken for every node.
     pub async fn rate_sweep<'e>(
         &self,
         exec: impl sqlx::PgExecutor<'e>,
         after: Option<&str>,
         batch: i32,
         limits: &Limits,
-    ) -> Result<(u64, Option<String>, Option<f64>)> {
+        own: &[(&str, i32)],
+    ) -> Result<RateSwept> {
+        let (queues, room): (Vec<&str>, Vec<i32>) = own.iter().copied().unzip();
         let row = sqlx::query(&self.sql.rate_sweep)
             .bind(after)
             .bind(batch)
@@ -130,13 +146,16 @@ impl Store {
             .bind(&limits.rate_names)
             .bind(&limits.rate_intervals)
             .bind(&limits.rate_tolerances)
+            .bind(&queues)
+            .bind(&room)
             .fetch_one(exec)
             .await?;
-        Ok((
-            row.try_get::<i32, _>(0)? as u64,
-            row.try_get(1)?,
-            row.try_get(2)?,
-        ))
+        Ok(RateSwept {
+            unparked: row.try_get::<i32, _>(0)? as u64,
+            last_key: row.try_get(1)?,
+            next_in: row.try_get(2)?,
+            own_woken: row.try_get(3)?,
+        })
     }
 
     /// Parks rows of workflows no live node runs among the first `batch`

@@ -15,7 +15,7 @@ pub(crate) use claims::{read_handoff, Call, Demand, Handoff, Held};
 pub(crate) use durability::{raise_synchronous_commit, warn_if_commits_may_be_lost};
 pub(crate) use kept::{close_now, unanswered, IDLE_CHECK};
 pub(crate) use limits::Limits;
-pub(crate) use maintenance::Beat;
+pub(crate) use maintenance::{Beat, RateSwept};
 pub(crate) use migrate::migrate;
 pub(crate) use pass::{Answered, Limited, Pass};
 

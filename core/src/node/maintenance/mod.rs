@@ -13,6 +13,7 @@ pub(crate) use pruner::prune;
 pub(crate) use reaper::reap;
 pub(crate) use reconciler::reconcile_gates;
 
+use super::rate_waker::sweep_rates;
 use super::Shared;
 use lost_claims::give_back_lost;
 use pruner::prune_batch;
@@ -22,7 +23,7 @@ use std::sync::atomic::Ordering::SeqCst;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 pub(crate) use throughput::{record_throughput, Recorded};
-use unparker::{park_by_workflow, unpark_keys, unpark_rates};
+use unparker::{park_by_workflow, unpark_keys};
 
 /// Rows the stager moves per statement.
 const STAGE_BATCH: i64 = 10_000;
@@ -91,10 +92,8 @@ pub(super) async fn maintain(sh: Arc<Shared>) {
         // Rate-limited rows too, every tick: the rate waker times the next
         // start, and this pass covers what it sleeps through (a limit another
         // node's claims used, a node without a waker).
-        match unpark_rates(&sh, &mut pass).await {
-            Ok(n) if n > 0 => sh.wake_all(),
-            Ok(_) => {}
-            Err(e) => tracing::debug!(error = %e, "unparking rate-limited rows failed"),
+        if let Err(e) = sweep_rates(&sh, &mut pass, None).await {
+            tracing::debug!(error = %e, "unparking rate-limited rows failed");
         }
         // Also every lease: a call given up may commit after the check its
         // failure asked for (a statement waiting for a lock outlives its

@@ -1,6 +1,6 @@
 //! The unparker: parked rows whose key has room (a race, a rescue, a
-//! repaired gate), rate-limited rows their limits allow again, and
-//! rows of workflows no live node runs parked and taken back.
+//! repaired gate), and rows of workflows no live node runs parked and taken
+//! back. Rate-limited rows have a sweep of their own (`rate_waker`).
 
 use super::{ORPHAN_BATCH, ORPHAN_PASSES, UNPARK_BATCH, UNPARK_WORKFLOW_BATCH};
 use crate::error::Result;
@@ -27,21 +27,6 @@ pub(super) async fn unpark_keys(
         .await?;
     Stats::add(&ctx.stats.unparked, n);
     Ok((n, next))
-}
-
-/// Rate-limited rows, as far as their limits allow starts now (a name no
-/// longer configured: all of them). One bounded pass from the first key.
-pub(super) async fn unpark_rates(sh: &Shared, pass: &mut Pass<'_>) -> Result<u64> {
-    let ctx = &sh.ctx;
-    let (n, _, _) = pass
-        .call(async |c| {
-            ctx.store
-                .rate_sweep(c, None, UNPARK_BATCH, &ctx.limits)
-                .await
-        })
-        .await?;
-    Stats::add(&ctx.stats.unparked, n);
-    Ok(n)
 }
 
 /// Rows a pick would step over because no live node runs their workflow:
