@@ -1,7 +1,7 @@
 //! The core's bulkhead for Python: `gendurable.Bulkhead` wraps these.
 
 use crate::errors::{invalid_config, raise};
-use crate::workflow::lock;
+use crate::lock;
 use gendurable::bulkhead::{Bulkhead, BulkheadConfig, OwnedPermit, Wait};
 use pyo3::prelude::*;
 use std::sync::{Arc, Mutex};

@@ -22,6 +22,14 @@ mod workflow;
 
 use pyo3::prelude::*;
 
+/// The binding's mutexes are held briefly and never while waiting for the
+/// GIL (a thread holding the GIL and waiting for the lock would deadlock with
+/// it). A lock poisoned by a panic elsewhere is taken as it is: its value is
+/// always whole.
+pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// The tokio runtime shared by every engine, the async calls and the bulkhead.
 pub(crate) fn runtime() -> &'static tokio::runtime::Runtime {
     pyo3_async_runtimes::tokio::get_runtime()

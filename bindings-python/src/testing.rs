@@ -4,8 +4,8 @@
 use crate::block_on;
 use crate::errors::{invalid_input, temp_postgres_error};
 use crate::instance::instance_to_py;
+use crate::lock;
 use crate::values::to_json;
-use crate::workflow::lock;
 use gendurable::{InsertedQuery, Instance, Status};
 use gendurable_testing::TempPostgres;
 use pyo3::prelude::*;

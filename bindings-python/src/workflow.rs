@@ -8,6 +8,7 @@
 //! engine's asyncio loop thread by the same threads; the node's task waits
 //! for their result without holding a thread or the GIL.
 
+use crate::lock;
 use crate::values::{to_json, to_py};
 use gendurable::{
     AwaitOn, ConcurrencyKey, EngineBuilder, KeyChange, NextOptions, StepContext, StepResult,
@@ -88,13 +89,6 @@ impl Hooks {
     fn event_loop<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyAny>> {
         lock(&self.event_loop).as_ref().map(|l| l.bind(py).clone())
     }
-}
-
-/// Held briefly and never while waiting for the GIL (a thread holding the
-/// GIL and waiting for the lock would deadlock with it). A lock poisoned by
-/// a panic elsewhere is taken as it is: its value is always whole.
-pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Stops the running steps of a worker at once, each recorded as an error
