@@ -11,6 +11,7 @@ use std::fmt::Write;
 use std::path::Path;
 
 /// What the database says at the end.
+#[derive(Clone)]
 pub struct FinalRow {
     pub status: String,
     pub step: String,
@@ -194,6 +195,15 @@ impl World {
     /// process stopped past the lease, its node cut off from Postgres past
     /// the lease, or Postgres down past the lease, from its start to a lease
     /// after its end (the outcome may still have been on its way).
+    /// Whether a process of `node` was killed, stopped or cut off from
+    /// Postgres at some time in the run.
+    fn node_went_down(&self, node: &str) -> bool {
+        self.procs
+            .values()
+            .any(|p| p.node == node && (p.killed_at.is_some() || !p.stops.is_empty()))
+            || self.cut_offs.iter().any(|(n, _, _)| n == node)
+    }
+
     fn presumed_dead(&self, e: &Exec) -> bool {
         let to = e.end.saturating_add(LEASE.as_nanos() as u64);
         self.stopped_past_lease(e.proc, e.start, to).is_some()
@@ -389,8 +399,10 @@ fn read_world(dir: &Path, report: &mut Report) -> anyhow::Result<World> {
                 }
             }
             Record::Cut { t, kind, node } => w.cuts.push((t, kind, node)),
+            // As the proxy applies them: cutting off a node already cut off
+            // changes nothing, and the first reconnect ends the cut-off.
             Record::CutOff { t, node } => {
-                open_cut_offs.insert(node, t);
+                open_cut_offs.entry(node).or_insert(t);
             }
             Record::Reconnect { t, node } => {
                 if let Some(a) = open_cut_offs.remove(&node) {
@@ -894,12 +906,29 @@ fn discarded_by_deaths(
         .iter()
         .filter(|e| e.id == id && e.n == n as i64)
         .collect();
-    if runs.len() < max {
+    // Attempts claimed by a node that died before the step began (no start
+    // record): the reaper recorded each as lost, and each used an attempt.
+    let unstarted = row.errors.as_array().map_or(0, |errors| {
+        errors
+            .iter()
+            .filter(|e| {
+                e["kind"] == "lost"
+                    && e["step"] == want[n]
+                    && !runs
+                        .iter()
+                        .any(|r| e["attempt"].as_i64() == Some(r.attempt as i64))
+                    && e["node"]
+                        .as_str()
+                        .is_some_and(|node| w.node_went_down(node))
+            })
+            .count()
+    });
+    if runs.len() + unstarted < max {
         return false;
     }
-    let last = &runs[runs.len() - max..];
+    let last = &runs[runs.len().saturating_sub(max - unstarted.min(max))..];
     let died = |e: &Exec| e.kind == "killed" || w.presumed_dead(e);
-    last.iter().any(|e| died(e)) && last.iter().all(|e| died(e) || is_error(e))
+    (unstarted > 0 || last.iter().any(|e| died(e))) && last.iter().all(|e| died(e) || is_error(e))
 }
 
 /// An execution that ended with an error outcome (retried, its attempt
@@ -1125,6 +1154,37 @@ mod tests {
         );
     }
 
+    /// A node cut off again while cut off stays so from the first cut to
+    /// the first reconnect (the proxy keeps one set of cut-off nodes); the
+    /// second cut-off's own reconnect finds it reconnected.
+    #[test]
+    fn a_second_cut_off_of_a_node_keeps_the_first_ones_start() {
+        let dir = std::env::temp_dir().join(format!("chaos-cut-offs-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("nodes")).unwrap();
+        let _ = std::fs::remove_file(dir.join("controller.log"));
+        let rec = crate::record::Recorder::open(&dir.join("controller.log")).unwrap();
+        let node = || "n2".to_string();
+        rec.write(&Record::CutOff {
+            t: 10,
+            node: node(),
+        });
+        rec.write(&Record::CutOff {
+            t: 20,
+            node: node(),
+        });
+        rec.write(&Record::Reconnect {
+            t: 30,
+            node: node(),
+        });
+        rec.write(&Record::Reconnect {
+            t: 40,
+            node: node(),
+        });
+        let w = read_world(&dir, &mut Report::default()).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(w.cut_offs, vec![(node(), 10, 30)]);
+    }
+
     #[test]
     fn gates_allow_their_limit() {
         let runs: Vec<Exec> = (0..4).map(|i| exec(&format!("1.{i}"), 1, i, 100)).collect();
@@ -1165,6 +1225,7 @@ mod tests {
                 .map(|(i, k)| Exec {
                     id: 1,
                     n: 1,
+                    attempt: i as i32 + 1,
                     kind: (*k).into(),
                     ..exec(&format!("{i}.0"), i as u32, i as u64, i as u64 + 1)
                 })
@@ -1188,6 +1249,32 @@ mod tests {
         assert!(
             !allowed(&["next", "killed", "killed"]),
             "an outcome not lost"
+        );
+        // The last attempt claimed by a node killed before the step began
+        // (seed 353): no start record, the reaper's lost error.
+        let unstarted = FinalRow {
+            errors: serde_json::json!([{"kind": "lost", "step": "s1", "attempt": 3, "node": "n1"}]),
+            ..row.clone()
+        };
+        let mut w = world(&["error", "error"]);
+        let check = |w: &World| discarded_by_deaths(w, 1, &plan, &unstarted, &["s0"], &want);
+        assert!(!check(&w), "no process of n1 went down");
+        w.procs.insert(
+            7,
+            Proc {
+                node: "n1".into(),
+                killed_at: Some(50),
+                ..Default::default()
+            },
+        );
+        assert!(check(&w));
+        let second = FinalRow {
+            errors: serde_json::json!([{"kind": "lost", "step": "s1", "attempt": 2, "node": "n1"}]),
+            ..row.clone()
+        };
+        assert!(
+            !discarded_by_deaths(&w, 1, &plan, &second, &["s0"], &want),
+            "attempt 2 ran (its error outcome is recorded): an attempt left"
         );
         // The last ended, but Postgres went down past the lease before its
         // outcome was written (seed 229): its node was presumed dead.
