@@ -1164,22 +1164,12 @@ mod tests {
         let _ = std::fs::remove_file(dir.join("controller.log"));
         let rec = crate::record::Recorder::open(&dir.join("controller.log")).unwrap();
         let node = || "n2".to_string();
-        rec.write(&Record::CutOff {
-            t: 10,
-            node: node(),
-        });
-        rec.write(&Record::CutOff {
-            t: 20,
-            node: node(),
-        });
-        rec.write(&Record::Reconnect {
-            t: 30,
-            node: node(),
-        });
-        rec.write(&Record::Reconnect {
-            t: 40,
-            node: node(),
-        });
+        for (t, cut) in [(10, true), (20, true), (30, false), (40, false)] {
+            rec.write(&match cut {
+                true => Record::CutOff { t, node: node() },
+                false => Record::Reconnect { t, node: node() },
+            });
+        }
         let w = read_world(&dir, &mut Report::default()).unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
         assert_eq!(w.cut_offs, vec![(node(), 10, 30)]);
