@@ -109,11 +109,11 @@ CREATE FUNCTION gendurable.rate_room(keys text[], lim integer, rate_names text[]
     AS -- sql/functions/rate_room.sql, source md5 1b43d7829f03e69157c7da816220f1a3
 ;
 
-CREATE FUNCTION gendurable.rate_sweep(after text, lim integer, channel text, rate_names text[], rate_intervals double precision[], rate_tolerances double precision[], own_queues text[], own_room integer[], OUT unparked integer, OUT last_key text, OUT next_in double precision, OUT own_woken text[]) RETURNS record
+CREATE FUNCTION gendurable.rate_sweep(after text, lim integer, channel text, rate_names text[], rate_intervals double precision[], rate_tolerances double precision[], own_queues text[], own_room integer[], wait_turn boolean, OUT unparked integer, OUT last_key text, OUT next_in double precision, OUT own_woken text[]) RETURNS record
     LANGUAGE plpgsql
     SET search_path TO 'gendurable'
     SET jit TO 'off'
-    AS -- sql/functions/rate_sweep.sql, source md5 9bfeb070ec6f11f7af20e4009018f6bb
+    AS -- sql/functions/rate_sweep.sql, source md5 92988f72f28ab6c246c15e4aff94070a
 ;
 
 CREATE FUNCTION gendurable.reconcile_gates(after text, lim integer, gate_names text[], gate_limits integer[], gate_shards integer[], channel text, OUT changed integer, OUT last_key text) RETURNS record

@@ -298,7 +298,7 @@ async fn the_rate_sweep_says_when_the_next_start_is_due() {
         let schema = schema.clone();
         async move {
             sqlx::query_as::<_, (i32, Option<f64>)>(&format!(
-                "SELECT unparked, next_in FROM \"{schema}\".rate_sweep(NULL, 100, NULL, '{{rl}}', '{{60}}', '{{0}}', '{{}}', '{{}}')"
+                "SELECT unparked, next_in FROM \"{schema}\".rate_sweep(NULL, 100, NULL, '{{rl}}', '{{60}}', '{{0}}', '{{}}', '{{}}', false)"
             ))
             .fetch_one(&pool)
             .await
@@ -356,7 +356,8 @@ async fn parked_for_rate(c: &Engine, schema: &str, queue: &str, key: &str, n: us
 
 /// A rate sweep by a node with room for what it unparks leaves the rows to
 /// that node (no NOTIFY), and wakes every node for a queue it has no room
-/// in; a sweep that finds another sweeping does nothing.
+/// in. With another sweep under way, a timed sweep does nothing and a sweep
+/// after a claim waits for its turn.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rate_sweep_wakes_the_sweeping_node_when_it_has_room() {
     let schema = support::schema("park_rate_own");
@@ -368,22 +369,23 @@ async fn a_rate_sweep_wakes_the_sweeping_node_when_it_has_room() {
         .unwrap();
     listener.listen(&schema).await.unwrap();
     // One start a minute per key, burst 1: a sweep unparks one row of each.
-    let sweep = |room: &'static str| {
+    let sweep = |room: &'static str, wait_turn: bool| {
         let (pool, schema) = (c.pool().clone(), schema.clone());
         async move {
             sqlx::query_as::<_, (i32, Vec<String>)>(&format!(
                 "SELECT unparked, own_woken FROM \"{schema}\".rate_sweep(
-                     NULL, 100, $1, '{{rl}}', '{{60}}', '{{0}}', '{{a,b}}', $2::integer[])"
+                     NULL, 100, $1, '{{rl}}', '{{60}}', '{{0}}', '{{a,b}}', $2::integer[], $3)"
             ))
             .bind(&schema)
             .bind(room)
+            .bind(wait_turn)
             .fetch_one(&pool)
             .await
             .unwrap()
         }
     };
 
-    // Another sweep in progress: this one leaves every row parked.
+    // Another sweep under way: a timed one leaves every row parked.
     let mut other = c.pool().begin().await.unwrap();
     sqlx::query(&format!(
         "SELECT pg_advisory_xact_lock(hashtext('{schema}:rate_sweep'))"
@@ -391,11 +393,33 @@ async fn a_rate_sweep_wakes_the_sweeping_node_when_it_has_room() {
     .execute(&mut *other)
     .await
     .unwrap();
-    assert_eq!(sweep("{1,1}").await, (0, vec![]));
+    assert_eq!(sweep("{1,1}", false).await, (0, vec![]));
+    // One after a claim waits for it to end, then sweeps: room for a's row
+    // only, so a is this node's to pick and b is woken for every node.
+    let waiting = tokio::spawn(sweep("{1,0}", true));
+    let pool = c.pool().clone();
+    support::eventually(
+        "the sweep waits for its turn",
+        Duration::from_secs(30),
+        || {
+            let (pool, schema) = (pool.clone(), schema.clone());
+            async move {
+                sqlx::query_scalar::<_, i64>(
+                    "SELECT count(*) FROM pg_stat_activity
+                 WHERE wait_event = 'advisory' AND position($1 IN query) > 0",
+                )
+                .bind(format!("\"{schema}\".rate_sweep"))
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+                    > 0
+            }
+        },
+    )
+    .await;
+    assert!(!waiting.is_finished());
     other.rollback().await.unwrap();
-
-    // Room for a's row only: a is this node's to pick, b is woken for all.
-    assert_eq!(sweep("{1,0}").await, (2, vec!["a".to_string()]));
+    assert_eq!(waiting.await.unwrap(), (2, vec!["a".to_string()]));
     let woken = tokio::time::timeout(Duration::from_secs(10), listener.recv())
         .await
         .expect("queue b woken")

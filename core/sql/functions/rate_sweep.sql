@@ -10,8 +10,10 @@
 -- One sweep at a time: every node's waker computes the same `next_in` from
 -- the same state and wakes at the same instant, and sweeps side by side would
 -- each unpark what the limit allows (neither sees the other's rows), for the
--- picks to park again. A call that finds another sweeping returns at once,
--- all NULL: that sweep covers these keys and times the next start.
+-- picks to park again. A timed call that finds another sweeping returns at
+-- once, all NULL: that sweep, begun at the same time, covers these keys and
+-- times the next start. A call after a claim (`wait_turn`) waits for it
+-- instead: a sweep begun before the claim committed may not have seen it.
 --
 -- The calling node has `own_room` free claim slots in each of `own_queues`:
 -- a queue whose unparked rows fit there is left to that node's picker
@@ -19,7 +21,7 @@
 -- One node picks what one sweep unparked, not all of them.
 CREATE OR REPLACE FUNCTION rate_sweep(after text, lim integer, channel text,
                            rate_names text[], rate_intervals float8[], rate_tolerances float8[],
-                           own_queues text[], own_room integer[],
+                           own_queues text[], own_room integer[], wait_turn boolean,
                            OUT unparked integer, OUT last_key text, OUT next_in float8,
                            OUT own_woken text[])
 LANGUAGE plpgsql VOLATILE
@@ -32,7 +34,9 @@ DECLARE
 BEGIN
     unparked := 0;
     own_woken := '{}';
-    IF NOT pg_try_advisory_xact_lock(hashtext(current_schema() || ':rate_sweep')) THEN
+    IF wait_turn THEN
+        PERFORM pg_advisory_xact_lock(hashtext(current_schema() || ':rate_sweep'));
+    ELSIF NOT pg_try_advisory_xact_lock(hashtext(current_schema() || ':rate_sweep')) THEN
         RETURN;
     END IF;
     WITH RECURSIVE k AS (

@@ -20,36 +20,40 @@ use std::time::Duration;
 /// a node that died meanwhile. Short picks do not wake it: an idle node's
 /// picks are all short, and it would loop.
 ///
-/// One node sweeps at a time: a waker that finds another sweeping leaves the
-/// timing to it and sleeps as if it had nothing to time, so the wakers of a
-/// cluster settle on one, and a start costs one sweep and one pick, not one
-/// of each per node. The poll takes over when that node dies.
+/// One node sweeps at a time: a timed sweep that finds another under way
+/// leaves the timing to it and sleeps as if it had nothing to time, so the
+/// wakers of a cluster settle on one, and a start costs one sweep and one
+/// pick, not one of each per node. The poll takes over when that node dies.
+/// A sweep after this node's claim waits for its turn instead: the sweep under
+/// way may have begun before the claim committed.
 pub(super) async fn rate_waker(sh: Arc<Shared>) {
+    let mut claimed = false;
     loop {
-        let wait = match rate_sweep(&sh).await {
+        let wait = match rate_sweep(&sh, claimed).await {
             Ok(next) => next,
             Err(e) => {
                 tracing::debug!(error = %e, "unparking rate-limited rows failed");
                 None
             }
         };
-        tokio::select! {
-            _ = tokio::time::sleep(wait.unwrap_or(sh.ctx.cfg.poll_interval)) => {}
-            _ = sh.rate_claimed.notified(), if wait.is_none() => {}
+        claimed = tokio::select! {
+            _ = tokio::time::sleep(wait.unwrap_or(sh.ctx.cfg.poll_interval)) => false,
+            _ = sh.rate_claimed.notified(), if wait.is_none() => true,
             _ = sh.shutdown.cancelled() => return,
-        }
+        };
     }
 }
 
 /// Every rate-limit key's parked rows, as far as its limit allows starts now,
-/// `UNPARK_BATCH` keys a call. Returns how long until a limit allows a start
-/// beyond the rows now waiting (None: not before a claim, or another node is
-/// sweeping and times it).
-async fn rate_sweep(sh: &Shared) -> Result<Option<Duration>> {
+/// `UNPARK_BATCH` keys a call, after a claim of this node's (`claimed`) or
+/// not. Returns how long until a limit allows a start beyond the rows now
+/// waiting (None: not before a claim, or another node is sweeping and times
+/// it).
+async fn rate_sweep(sh: &Shared, claimed: bool) -> Result<Option<Duration>> {
     let mut pass = sh.ctx.pass();
     let (mut next, mut after) = (None::<f64>, None::<String>);
     loop {
-        let swept = sweep_rates(sh, &mut pass, after.as_deref()).await?;
+        let swept = sweep_rates(sh, &mut pass, after.as_deref(), claimed).await?;
         if let Some(s) = swept.next_in {
             next = Some(next.map_or(s, |n| n.min(s)));
         }
@@ -62,19 +66,21 @@ async fn rate_sweep(sh: &Shared) -> Result<Option<Duration>> {
 }
 
 /// One call of the sweep (`sql/functions/rate_sweep.sql`), from the key
-/// after `after`. Queues whose unparked rows this node has free claim slots
-/// for are woken here; the call wakes the others for every node.
+/// after `after`; `wait_turn`: behind a sweep under way rather than not at
+/// all. Queues whose unparked rows this node has free claim slots for are
+/// woken here; the call wakes the others for every node.
 pub(in crate::node) async fn sweep_rates(
     sh: &Shared,
     pass: &mut Pass<'_>,
     after: Option<&str>,
+    wait_turn: bool,
 ) -> Result<RateSwept> {
     let ctx = &sh.ctx;
     let own = sh.claim_room();
     let swept = pass
         .call(async |c| {
             ctx.store
-                .rate_sweep(c, after, UNPARK_BATCH, &ctx.limits, &own)
+                .rate_sweep(c, after, UNPARK_BATCH, &ctx.limits, &own, wait_turn)
                 .await
         })
         .await?;

@@ -129,7 +129,8 @@ impl Store {
     /// One bounded pass over rate-limited parked rows
     /// (`sql/functions/rate_sweep.sql`), by a node with `own` free claim
     /// slots per queue: queues whose unparked rows fit there are left to
-    /// it, others are woken for every node.
+    /// it, others are woken for every node. With another sweep under way,
+    /// it waits for its turn (`wait_turn`) or does nothing.
     pub async fn rate_sweep<'e>(
         &self,
         exec: impl sqlx::PgExecutor<'e>,
@@ -137,6 +138,7 @@ impl Store {
         batch: i32,
         limits: &Limits,
         own: &[(&str, i32)],
+        wait_turn: bool,
     ) -> Result<RateSwept> {
         let (queues, room): (Vec<&str>, Vec<i32>) = own.iter().copied().unzip();
         let row = sqlx::query(&self.sql.rate_sweep)
@@ -148,6 +150,7 @@ impl Store {
             .bind(&limits.rate_tolerances)
             .bind(&queues)
             .bind(&room)
+            .bind(wait_turn)
             .fetch_one(exec)
             .await?;
         Ok(RateSwept {

@@ -92,7 +92,7 @@ pub(super) async fn maintain(sh: Arc<Shared>) {
         // Rate-limited rows too, every tick: the rate waker times the next
         // start, and this pass covers what it sleeps through (a limit another
         // node's claims used, a node without a waker).
-        if let Err(e) = sweep_rates(&sh, &mut pass, None).await {
+        if let Err(e) = sweep_rates(&sh, &mut pass, None, false).await {
             tracing::debug!(error = %e, "unparking rate-limited rows failed");
         }
         // Also every lease: a call given up may commit after the check its
