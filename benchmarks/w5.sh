@@ -58,7 +58,8 @@ if base:
     print(f"{base[0]['nodes']} nodes without backlogs {b:,.0f} jobs/s; with them {w5 / b:.2f} of that")
 print(f"W1 {w1:,.0f} jobs/s; W5 {w5:,.0f} jobs/s = {w5 / w1:.2f} of W1; "
       f"claiming-call p99 W1 {med('w1', 'pick_p99_ms'):.1f} ms, W5 {med('w5', 'pick_p99_ms'):.1f} ms, "
-      f"W5 holding {med('w5', 'pick_p99_hold_ms'):.1f} ms; meanwhile per second: "
+      f"W5 holding {med('w5', 'pick_p99_hold_ms'):.1f} ms (the highest node's; every node's calls as one "
+      f"{med('w5', 'pick_p99_hold_all_ms'):.1f} ms); meanwhile per second: "
       f"gate {med('w5', 'gate_per_s'):.1f} (limit 10), K = 1 key {med('w5', 'key_per_s'):.2f} (1), "
       f"rate limit {med('w5', 'rate_per_s'):.1f} (50)")
 print(f"a one-row commit alone on this server: p50 {statistics.median(r['commit_p50_ms'] for r in floor):.2f} ms, "

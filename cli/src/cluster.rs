@@ -7,7 +7,8 @@
 //! - `count`: say `count` and the node's counters (space-separated);
 //! - `mark`: remember the claim latencies so far;
 //! - `end`: stop, write its records, and say `p99 <before mark> <after mark>`
-//!   (milliseconds) and `share <outcomes written>`.
+//!   (milliseconds), `held <bucket counts>` (the claim latencies after
+//!   `mark`) and `share <outcomes written>`.
 
 use crate::workload::{write_records, Node, Records};
 use anyhow::{bail, Context, Result};
@@ -27,6 +28,8 @@ pub(crate) struct Extra {
 pub(crate) struct Ended {
     /// Claim latency p99 before and after `mark`, in milliseconds.
     pub p99: (f64, f64),
+    /// Claim latencies after `mark`.
+    pub held: Latencies,
     /// Outcomes it wrote.
     pub outcomes: u64,
 }
@@ -89,6 +92,7 @@ impl Extra {
     pub async fn end(mut self, all: Option<&Path>) -> Result<Ended> {
         self.send("end").await?;
         let p = self.expect("p99").await?;
+        let held = self.expect("held").await?;
         let share = self.expect("share").await?;
         self.child.wait().await?;
         if let (Some(all), Some(mine)) = (all, &self.record) {
@@ -99,6 +103,7 @@ impl Extra {
                 p.first().copied().unwrap_or(0.0),
                 p.get(1).copied().unwrap_or(0.0),
             ),
+            held: Latencies::from_counts(held.into_iter().map(|c| c as u64).collect()),
             outcomes: share.first().copied().unwrap_or(0.0) as u64,
         })
     }
@@ -142,10 +147,14 @@ pub(crate) async fn serve(
             other => bail!("unknown request {other:?}"),
         }
     }
-    let (before, after) = p99s(&engine.stats().pick_latencies(), mark.as_ref());
+    let now = engine.stats().pick_latencies();
+    let (before, after) = p99s(&now, mark.as_ref());
+    let held = mark.map_or_else(|| Latencies::from_counts(Vec::new()), |m| now.since(&m));
     engine.shutdown().await?;
     write_records(record, rec)?;
     say(format!("p99 {before} {after}")).await?;
+    let counts: Vec<String> = held.counts().iter().map(u64::to_string).collect();
+    say(format!("held {}", counts.join(" "))).await?;
     say(format!("share {}", engine.stats().snapshot().outcomes)).await?;
     Ok(())
 }

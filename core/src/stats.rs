@@ -116,6 +116,24 @@ impl Latencies {
         self.0.iter().sum()
     }
 
+    /// The count in each bucket (bucket `i` ends at 2^((i + 1) / 4) µs).
+    pub fn counts(&self) -> &[u64] {
+        &self.0
+    }
+
+    /// Latencies from bucket counts (as [`Latencies::counts`] gives them),
+    /// to read quantiles of durations recorded elsewhere.
+    pub fn from_counts(counts: Vec<u64>) -> Latencies {
+        Latencies(counts)
+    }
+
+    /// These durations and `other`'s together (of several nodes, say).
+    pub fn plus(&self, other: &Latencies) -> Latencies {
+        let n = self.0.len().max(other.0.len());
+        let at = |l: &Latencies, i: usize| l.0.get(i).copied().unwrap_or(0);
+        Latencies((0..n).map(|i| at(self, i) + at(other, i)).collect())
+    }
+
     /// The upper bound of the bucket holding quantile `q` (0 if empty), to
     /// within about 19 %.
     pub fn quantile(&self, q: f64) -> Duration {
@@ -274,5 +292,26 @@ mod tests {
         assert_eq!(stretch.count(), 100);
         assert!(stretch.quantile(0.99) < Duration::from_micros(120));
         assert!(h.quantile(0.99) >= Duration::from_millis(300));
+    }
+
+    /// Two nodes' latencies read as one: the slow one's few slow calls are
+    /// its own p99, not the pair's.
+    #[test]
+    fn latencies_of_several_nodes_add_up() {
+        let (fast, slow) = (Histogram::default(), Histogram::default());
+        for _ in 0..1000 {
+            fast.record(Duration::from_micros(100));
+        }
+        for _ in 0..50 {
+            slow.record(Duration::from_micros(100));
+        }
+        slow.record(Duration::from_millis(50));
+        let sent = Latencies::from_counts(slow.copy().counts().to_vec());
+        assert_eq!(sent, slow.copy());
+        let both = fast.copy().plus(&sent);
+        assert_eq!(both.count(), 1051);
+        assert!(slow.quantile(0.99) >= Duration::from_millis(50));
+        assert!(both.quantile(0.99) < Duration::from_micros(120));
+        assert!(both.quantile(1.0) >= Duration::from_millis(50));
     }
 }
