@@ -406,7 +406,7 @@ async fn a_rate_sweep_wakes_the_sweeping_node_when_it_has_room() {
             async move {
                 sqlx::query_scalar::<_, i64>(
                     "SELECT count(*) FROM pg_stat_activity
-                 WHERE wait_event = 'advisory' AND position($1 IN query) > 0",
+                     WHERE wait_event = 'advisory' AND position($1 IN query) > 0",
                 )
                 .bind(format!("\"{schema}\".rate_sweep"))
                 .fetch_one(&pool)
